@@ -1,0 +1,74 @@
+"""Forward time with RoutingRecorder / RoutingReplay against a plain forward, as ratios.
+
+Modes are interleaved round by round in one process (this machine is noisy), and each ratio is
+median(mode) / median(plain). Usage: python bench/bench_routing.py [--rounds 15] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from moestab.models import EmbeddedModelSpec, build_embedded_policy, tiny_config
+from moestab.routing import RoutingRecorder, RoutingReplay
+
+
+def models():
+    embedded, tokenizer = build_embedded_policy(EmbeddedModelSpec())
+    yield "embedded (4L, 8E, top-2, h128), batch 16x64", embedded, (16, 64), len(tokenizer)
+    torch.manual_seed(0)
+    large = AutoModelForCausalLM.from_config(
+        tiny_config("qwen3_moe", vocab_size=1024, hidden_size=512, num_moe_layers=8, num_experts=32, top_k=4)
+    )
+    yield "qwen3_moe h512, 8L, 32E, top-4, batch 16x256", large, (16, 256), 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}")
+    print("| model / batch | plain (ms) | recorder (x) | recorder, no stats (x) | replay (x) |")
+    print("|---|---|---|---|---|")
+    for label, model, (batch, seq), vocab in models():
+        model.eval()
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(4, vocab, (batch, seq), generator=g)
+        mask = torch.ones_like(ids)
+        mask[: batch // 2, : seq // 4] = 0  # left padding on half the rows
+        with torch.no_grad(), RoutingRecorder(model) as rec:
+            model(input_ids=ids, attention_mask=mask)
+        routes = rec.routes
+        modes = {
+            "plain": lambda: nullcontext(),
+            "recorder": lambda: RoutingRecorder(model),
+            "recorder_nostats": lambda: RoutingRecorder(model, margin=False, entropy=False),
+            "replay": lambda: RoutingReplay(model, routes),
+        }
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        with torch.no_grad():
+            for _ in range(2):  # warm-up
+                model(input_ids=ids, attention_mask=mask)
+            for _ in range(args.rounds):
+                for name, ctx in modes.items():
+                    t0 = time.perf_counter()
+                    with ctx():
+                        model(input_ids=ids, attention_mask=mask)
+                    times[name].append(time.perf_counter() - t0)
+        med = {m: statistics.median(v) for m, v in times.items()}
+        print(
+            f"| {label} | {med['plain'] * 1e3:.1f} | {med['recorder'] / med['plain']:.3f} | "
+            f"{med['recorder_nostats'] / med['plain']:.3f} | {med['replay'] / med['plain']:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

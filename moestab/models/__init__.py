@@ -1,0 +1,15 @@
+"""Models moestab builds in code: the embedded default policy and tiny configs of each MoE family."""
+
+from moestab.models.embedded import EmbeddedModelSpec, build_embedded_policy, save_policy
+from moestab.models.families import TINY_CONFIGS, tiny_config
+from moestab.models.tokenizer import CHARSET, build_char_tokenizer
+
+__all__ = [
+    "CHARSET",
+    "TINY_CONFIGS",
+    "EmbeddedModelSpec",
+    "build_char_tokenizer",
+    "build_embedded_policy",
+    "save_policy",
+    "tiny_config",
+]

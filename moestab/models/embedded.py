@@ -1,0 +1,75 @@
+"""The embedded default policy: a tiny Qwen3-MoE causal LM with moestab's character tokenizer.
+
+Built in code from a seed (no download, ever). ``save_pretrained`` output loads with
+``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` without moestab.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+
+from moestab.models.families import tiny_config
+from moestab.models.tokenizer import build_char_tokenizer
+
+
+@dataclass(frozen=True)
+class EmbeddedModelSpec:
+    """Shape of the embedded policy."""
+
+    family: str = "qwen3_moe"
+    """Transformers MoE family (``moestab.models.families.TINY_CONFIGS``)."""
+    num_layers: int = 4
+    """Number of MoE decoder layers."""
+    num_experts: int = 8
+    """Routed experts per layer."""
+    top_k: int = 2
+    """Experts chosen per token."""
+    hidden_size: int = 128
+    """Residual width (a multiple of 4: four attention heads)."""
+    seed: int = 0
+    """Seed of the random initialisation."""
+
+
+def build_embedded_policy(spec: EmbeddedModelSpec | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A freshly initialised tiny MoE policy and its tokenizer (deterministic given ``spec.seed``)."""
+    spec = spec or EmbeddedModelSpec()
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(
+        spec.family,
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_moe_layers=spec.num_layers,
+        num_experts=spec.num_experts,
+        top_k=spec.top_k,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model, tokenizer
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
+    """Write a Hugging Face folder (safetensors + tokenizer) atomically: a folder that exists is complete."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(path)
+    return path
+

@@ -1,0 +1,42 @@
+"""A character-level tokenizer built in code: a real ``PreTrainedTokenizerFast``, no download.
+
+Each character of ``CHARSET`` is one token; text outside it maps to ``<unk>``. Saved with
+``save_pretrained``, it loads back with ``AutoTokenizer.from_pretrained`` without moestab.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# Every character a prompt or answer of the embedded tasks may use.
+CHARSET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ +-*/=?:;,.!()[]<>_'\"#\n"
+
+
+def build_char_tokenizer(charset: str = CHARSET) -> PreTrainedTokenizerFast:
+    """Return a character-level fast tokenizer over ``charset`` plus the four special tokens.
+
+    Token ids: ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, ``<unk>``=3, then ``charset`` in order.
+    """
+    if len(set(charset)) != len(charset):
+        raise ValueError("charset has repeated characters")
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *charset))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    backend.decoder = decoders.Fuse()  # join characters back without spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",  # decoder-only generation pads on the left
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def unsupported_characters(text: str, charset: str = CHARSET) -> set[str]:
+    """Characters of ``text`` that the character tokenizer would map to ``<unk>``."""
+    return set(text) - set(charset)

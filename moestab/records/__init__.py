@@ -1,0 +1,1 @@
+"""Run folders: the on-disk contract between ``moestab train`` and the analyzers (docs/run-format.md)."""

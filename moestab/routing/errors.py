@@ -1,0 +1,19 @@
+"""Typed errors of the routing package."""
+
+from __future__ import annotations
+
+
+class RoutingError(Exception):
+    """Base class of every error raised by ``moestab.routing``."""
+
+
+class NotAnMoEModelError(RoutingError, TypeError):
+    """The model has no router of a supported MoE family."""
+
+
+class RoutesMismatchError(RoutingError, ValueError):
+    """Routes given to ``RoutingReplay`` do not fit the forward they are replayed into."""
+
+
+class RecordingError(RoutingError, RuntimeError):
+    """A forward could not be recorded (e.g. router called with an unexpected token count)."""

@@ -1,0 +1,243 @@
+"""``RoutingRecorder``: forward hooks that record every token's top-k experts, per MoE layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from moestab.routing.discovery import RouterSite, find_routers
+from moestab.routing.errors import RecordingError
+from moestab.routing.forward_call import ForwardCall, read_forward_call
+from moestab.routing.routes import INDEX_DTYPE, Routes
+
+
+@dataclass
+class _Frame:
+    """Per-layer outputs of one top-level forward, before stacking."""
+
+    call: ForwardCall
+    rows: torch.Tensor | None  # [kept] rows of the batch being recorded; None = all
+    indices: list[torch.Tensor | None]  # per layer [kept, seq, top_k]
+    margin: list[torch.Tensor | None]  # per layer [kept, seq]
+    entropy: list[torch.Tensor | None]
+    logprobs: list[torch.Tensor | None]  # per layer [kept, seq, experts]
+
+
+@dataclass
+class _Segment:
+    """Consecutive forwards over the same sequences: one prefill plus its KV-cached decode steps."""
+
+    rows: torch.Tensor | None
+    row_offset: int
+    batch: int
+    frames: list[Routes] = field(default_factory=list)
+
+
+class RoutingRecorder:
+    """Record, for every forward inside the context, which experts each token was routed to.
+
+    >>> with RoutingRecorder(model) as rec:
+    ...     model(input_ids=ids, attention_mask=mask)
+    >>> rec.routes.indices  # [batch, seq, layers, top_k], -1 at padding
+
+    Works with and without grad, with left or right padding, and during ``generate()``: the prefill
+    and every KV-cached decode step are stitched into one sequence of positions (the last sampled
+    token is never fed to the model, so it has no route). Separate forwards are concatenated along
+    the batch axis (``.segments`` keeps them apart). Router calls outside a top-level forward of
+    ``model`` (e.g. activation-checkpoint recomputation in backward) are not recorded.
+
+    Args:
+        model: a Hugging Face MoE model (any family in ``SUPPORTED_FAMILIES``).
+        layers: decoder-layer indices to record (default: every MoE layer).
+        sequence_fraction: share of each forward's sequences to keep, chosen at random per segment
+            with ``seed``; the kept input rows are in ``Routes.rows``.
+        margin: also record the selection-score gap between the k-th and (k+1)-th expert.
+        entropy: also record the entropy of softmax(router logits).
+        router_logprobs: also record log-softmax of the router logits over all experts (large).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        layers: Iterable[int] | None = None,
+        sequence_fraction: float = 1.0,
+        seed: int = 0,
+        margin: bool = True,
+        entropy: bool = True,
+        router_logprobs: bool = False,
+    ) -> None:
+        if not 0.0 < sequence_fraction <= 1.0:
+            raise ValueError(f"sequence_fraction must be in (0, 1], got {sequence_fraction}")
+        sites = find_routers(model)
+        if layers is not None:
+            wanted = sorted(set(layers))
+            available = [s.layer for s in sites]
+            missing = [layer for layer in wanted if layer not in available]
+            if missing:
+                raise ValueError(f"layers {missing} have no MoE router; MoE layers are {available}")
+            sites = [s for s in sites if s.layer in wanted]
+        self.model = model
+        self.sites: list[RouterSite] = sites
+        self.sequence_fraction = sequence_fraction
+        self.seed = seed
+        self.record_margin = margin
+        self.record_entropy = entropy
+        self.record_logprobs = router_logprobs
+        self._handles: list[RemovableHandle] = []
+        self._frame: _Frame | None = None
+        self._segments: list[_Segment] = []
+        self._rows_seen = 0
+        self._routes: Routes | None = None
+
+    # ---- context manager -------------------------------------------------------------------
+    def __enter__(self) -> RoutingRecorder:
+        if self._handles:
+            raise RuntimeError("RoutingRecorder is already active")
+        self._segments, self._rows_seen, self._routes = [], 0, None
+        self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
+        self._handles.append(self.model.register_forward_hook(self._end))
+        for ordinal, site in enumerate(self.sites):
+            self._handles.append(site.module.register_forward_hook(self._router_hook(ordinal, site)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._frame = None
+
+    # ---- results ---------------------------------------------------------------------------
+    @property
+    def segments(self) -> list[Routes]:
+        """One ``Routes`` per recorded segment (a forward, or a prefill with its decode steps)."""
+        return [self._stitch(seg) for seg in self._segments if seg.frames]
+
+    @property
+    def routes(self) -> Routes:
+        """All segments concatenated along the batch axis (right-padded with -1)."""
+        if self._routes is None:
+            segments = self.segments
+            if not segments:
+                raise RecordingError("nothing was recorded: no forward of the model ran inside the recorder")
+            self._routes = segments[0] if len(segments) == 1 else Routes.cat(segments)
+        return self._routes
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        call = read_forward_call(args, kwargs)
+        segment = self._segments[-1] if self._segments else None
+        if not (call.continuation and segment is not None and segment.batch == call.batch):
+            segment = _Segment(rows=self._sample_rows(call.batch), row_offset=self._rows_seen, batch=call.batch)
+            self._segments.append(segment)
+            self._rows_seen += call.batch
+        n = len(self.sites)
+        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n, [None] * n, [None] * n)
+        self._routes = None
+
+    def _sample_rows(self, batch: int) -> torch.Tensor | None:
+        if self.sequence_fraction >= 1.0:
+            return None
+        keep = max(1, round(self.sequence_fraction * batch))
+        generator = torch.Generator().manual_seed(self.seed + len(self._segments))
+        return torch.randperm(batch, generator=generator)[:keep].sort().values
+
+    def _router_hook(self, ordinal: int, site: RouterSite):
+        adapter = site.adapter
+
+        def hook(module: nn.Module, args: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+            frame = self._frame
+            if frame is None:
+                return  # router called outside a top-level forward (see class docstring)
+            if frame.indices[ordinal] is not None:
+                raise RecordingError(f"router {site.name} ran twice in one forward")
+            logits, _, chosen = output[0], output[1], output[2]
+            batch, seq = frame.call.batch, frame.call.seq
+            if chosen.shape[0] != batch * seq:
+                raise RecordingError(
+                    f"router {site.name} saw {chosen.shape[0]} tokens, expected batch*seq = {batch}*{seq}"
+                )
+            rows = frame.rows
+            with torch.no_grad():
+                idx = chosen.view(batch, seq, -1)  # [batch, seq, top_k]
+                frame.indices[ordinal] = idx if rows is None else idx[rows.to(idx.device)]
+                if self.record_margin or self.record_entropy or self.record_logprobs:
+                    logits = logits.detach().view(batch, seq, -1)  # [batch, seq, experts]
+                    if rows is not None:
+                        logits = logits[rows.to(logits.device)]
+                if self.record_margin:
+                    frame.margin[ordinal] = _margin(adapter.selection_scores(module, logits.flatten(0, 1)),
+                                                    site.top_k).view(logits.shape[:2])
+                if self.record_entropy or self.record_logprobs:
+                    logp = torch.log_softmax(logits.float(), dim=-1)  # [kept, seq, experts]
+                    if self.record_entropy:
+                        frame.entropy[ordinal] = -(logp.exp() * logp).sum(-1)
+                    if self.record_logprobs:
+                        frame.logprobs[ordinal] = logp
+
+        return hook
+
+    def _end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        frame, self._frame = self._frame, None
+        if frame is None:
+            return
+        missing = [s.name for s, idx in zip(self.sites, frame.indices, strict=True) if idx is None]
+        if missing:
+            raise RecordingError(f"routers {missing} did not run in this forward")
+        indices = torch.stack(frame.indices, dim=2).to(INDEX_DTYPE)  # [kept, seq, layers, top_k]
+        mask = frame.call.attention_mask
+        pad = None
+        if mask is not None:
+            pad = ~(mask if frame.rows is None else mask[frame.rows.to(mask.device)])  # [kept, seq]
+            pad = pad.to(indices.device)
+            indices = indices.masked_fill(pad[:, :, None, None], -1)
+
+        def stacked(parts: list[torch.Tensor | None], axis: int) -> torch.Tensor | None:
+            if parts[0] is None:
+                return None
+            t = torch.stack(parts, dim=axis).float()
+            return t if pad is None else t.masked_fill(pad.view(*pad.shape, *([1] * (t.dim() - 2))), float("nan"))
+
+        self._segments[-1].frames.append(
+            Routes(
+                indices=indices,
+                layers=tuple(s.layer for s in self.sites),
+                num_experts=self.sites[0].num_experts,
+                margin=stacked(frame.margin, 2),
+                entropy=stacked(frame.entropy, 2),
+                router_logprobs=stacked(frame.logprobs, 2),
+            )
+        )
+
+    def _stitch(self, segment: _Segment) -> Routes:
+        frames = segment.frames
+
+        def cat(get) -> torch.Tensor | None:
+            parts = [get(f) for f in frames]
+            return None if parts[0] is None else torch.cat(parts, dim=1)
+
+        rows = None
+        if segment.rows is not None:
+            rows = segment.rows + segment.row_offset
+        return Routes(
+            indices=cat(lambda f: f.indices),
+            layers=frames[0].layers,
+            num_experts=frames[0].num_experts,
+            margin=cat(lambda f: f.margin),
+            entropy=cat(lambda f: f.entropy),
+            router_logprobs=cat(lambda f: f.router_logprobs),
+            rows=rows,
+        )
+
+
+def _margin(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``scores [N, E] -> [N]``: the k-th best score minus the (k+1)-th (NaN when k == E)."""
+    if top_k >= scores.shape[-1]:
+        return scores.new_full(scores.shape[:-1], float("nan"), dtype=torch.float)
+    top = scores.float().topk(top_k + 1, dim=-1).values  # [N, k+1]
+    return top[:, top_k - 1] - top[:, top_k]

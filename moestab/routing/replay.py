@@ -1,0 +1,117 @@
+"""``RoutingReplay``: force recorded experts in every router (Routing Replay, R2 / R3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from moestab.routing.discovery import RouterSite, find_routers
+from moestab.routing.errors import RoutesMismatchError
+from moestab.routing.forward_call import read_forward_call
+from moestab.routing.routes import Routes
+
+
+class RoutingReplay:
+    """Inside the context, every forward of ``model`` routes each real token to ``routes``' experts.
+
+    Gates come from the *current* router's scores gathered at the replayed experts, with the
+    family's own normalisation (``g = mask_replayed * softmax(s)`` renormalised as the family
+    does, REFERENCES "Routing"), so gradients still reach the router. Padding positions (attention
+    mask 0) keep the router's own choice. Routes that do not fit a forward (batch, length, layers,
+    experts, or a missing route at a real token) raise ``RoutesMismatchError``; there is no fallback.
+
+    Each forward inside the context must cover exactly the routed sequences, so use one context
+    per (micro)batch: ``with RoutingReplay(model, routes.select(rows)): model(...)``. The forced
+    routes stay in place until the next forward, so activation-checkpoint recomputation in
+    backward replays the same experts. KV-cached decoding is not supported.
+    """
+
+    def __init__(self, model: nn.Module, routes: Routes) -> None:
+        self.model = model
+        self.sites: list[RouterSite] = find_routers(model)
+        model_layers = tuple(s.layer for s in self.sites)
+        if routes.layers != model_layers:
+            raise RoutesMismatchError(
+                f"routes cover MoE layers {list(routes.layers)} but the model's MoE layers are "
+                f"{list(model_layers)}; replay needs routes for every MoE layer"
+            )
+        top_k = self.sites[0].top_k
+        if routes.top_k != top_k:
+            raise RoutesMismatchError(f"routes have top_k={routes.top_k}, the model routes to top_k={top_k}")
+        num_experts = self.sites[0].num_experts
+        if routes.num_experts != num_experts or int(routes.indices.max()) >= num_experts:
+            raise RoutesMismatchError(
+                f"routes name experts up to {int(routes.indices.max())} of {routes.num_experts}, "
+                f"the model has {num_experts} experts per layer (valid ids 0..{num_experts - 1})"
+            )
+        self.routes = routes
+        self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> RoutingReplay:
+        if self._handles:
+            raise RuntimeError("RoutingReplay is already active")
+        device = next(self.model.parameters()).device
+        self._indices = self.routes.indices.to(device=device, dtype=torch.long)  # [batch, seq, layers, top_k]
+        self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
+        for ordinal, site in enumerate(self.sites):
+            # prepend: a RoutingRecorder active at the same time sees the replayed routes.
+            self._handles.append(site.module.register_forward_hook(self._router_hook(ordinal, site), prepend=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._forced = None
+
+    def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        call = read_forward_call(args, kwargs)
+        if call.continuation:
+            raise RoutesMismatchError("RoutingReplay does not support KV-cached decoding; run a full forward")
+        indices = self._indices
+        if (call.batch, call.seq) != tuple(indices.shape[:2]):
+            raise RoutesMismatchError(
+                f"routes are for [batch={indices.shape[0]}, seq={indices.shape[1]}] but the forward is "
+                f"[batch={call.batch}, seq={call.seq}]; select the matching rows / positions"
+            )
+        real = (
+            torch.ones(call.batch, call.seq, dtype=torch.bool, device=indices.device)
+            if call.attention_mask is None
+            else call.attention_mask.to(indices.device)
+        )  # [batch, seq]
+        missing = real & (indices < 0).any(-1).any(-1)  # [batch, seq]
+        if bool(missing.any()):
+            b, s = (int(v) for v in missing.nonzero()[0])
+            raise RoutesMismatchError(
+                f"{int(missing.sum())} real (unpadded) positions have no route, first at "
+                f"[batch={b}, seq={s}]; routes must cover every token with attention_mask 1"
+            )
+        ordered = indices.sort(dim=-1).values  # [batch, seq, layers, top_k]
+        repeated = real & (ordered[..., 1:] == ordered[..., :-1]).any(-1).any(-1)
+        if bool(repeated.any()):
+            b, s = (int(v) for v in repeated.nonzero()[0])
+            raise RoutesMismatchError(f"a token routes twice to the same expert, first at [batch={b}, seq={s}]")
+        forced = indices.masked_fill(~real[:, :, None, None], -1)
+        self._forced = forced.flatten(0, 1)  # [batch*seq, layers, top_k]
+
+    def _router_hook(self, ordinal: int, site: RouterSite):
+        gates = site.adapter.gates
+
+        def hook(module: nn.Module, args: tuple[Any, ...], output: tuple[torch.Tensor, ...]):
+            forced = self._forced
+            if forced is None:
+                raise RoutesMismatchError(f"router {site.name} ran outside a forward of the replayed model")
+            logits, own = output[0], output[2]  # [N, experts], [N, top_k]
+            if own.shape[0] != forced.shape[0]:
+                raise RoutesMismatchError(
+                    f"router {site.name} saw {own.shape[0]} tokens, routes cover {forced.shape[0]}"
+                )
+            chosen = forced[:, ordinal]  # [N, top_k]
+            chosen = torch.where(chosen >= 0, chosen, own)
+            return logits, gates(module, logits, chosen), chosen
+
+        return hook

@@ -1,0 +1,129 @@
+"""``Routes``: which experts every token was sent to, per MoE layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+INDEX_DTYPE = torch.int16  # 2 bytes a slot; -1 marks padding / not recorded
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Recorded (or to-be-replayed) routing decisions of a batch of sequences.
+
+    Positions are aligned with the model's input positions; ``-1`` marks padding and anything not
+    recorded. Slots within a layer are in the router's own order (compare them as sets).
+    """
+
+    indices: torch.Tensor
+    """``[batch, seq, layers, top_k]`` int16 expert ids, -1 at padding."""
+    layers: tuple[int, ...]
+    """Decoder-layer index of each entry of the ``layers`` axis."""
+    num_experts: int
+    margin: torch.Tensor | None = None
+    """``[batch, seq, layers]`` float32 gap between the k-th and (k+1)-th selection score; NaN at padding."""
+    entropy: torch.Tensor | None = None
+    """``[batch, seq, layers]`` float32 entropy (nats) of softmax(router logits); NaN at padding."""
+    router_logprobs: torch.Tensor | None = None
+    """``[batch, seq, layers, num_experts]`` float32 log-softmax of the router logits (opt-in; large)."""
+    rows: torch.Tensor | None = None
+    """``[batch]`` int64 row of each sequence among all inputs recorded (set when sampling sequences)."""
+
+    def __post_init__(self) -> None:
+        if self.indices.dim() != 4:
+            raise ValueError(f"indices must be [batch, seq, layers, top_k], got shape {tuple(self.indices.shape)}")
+        if self.indices.shape[2] != len(self.layers):
+            raise ValueError(f"indices has {self.indices.shape[2]} layers but layers lists {len(self.layers)}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.indices.shape[1]
+
+    @property
+    def top_k(self) -> int:
+        return self.indices.shape[3]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[batch, seq]`` bool: positions routed in every recorded layer."""
+        return (self.indices >= 0).all(dim=-1).all(dim=-1)
+
+    def select(self, rows: torch.Tensor | Sequence[int] | slice) -> Routes:
+        """The routes of a subset of sequences (e.g. one minibatch)."""
+        if not isinstance(rows, slice):
+            rows = torch.as_tensor(rows, dtype=torch.long, device=self.indices.device)
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[rows]
+
+        return replace(
+            self,
+            indices=self.indices[rows],
+            margin=pick(self.margin),
+            entropy=pick(self.entropy),
+            router_logprobs=pick(self.router_logprobs),
+            rows=pick(self.rows),
+        )
+
+    def to(self, device: torch.device | str) -> Routes:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return replace(
+            self,
+            indices=self.indices.to(device),
+            margin=move(self.margin),
+            entropy=move(self.entropy),
+            router_logprobs=move(self.router_logprobs),
+            rows=move(self.rows),
+        )
+
+    @staticmethod
+    def cat(parts: Sequence[Routes]) -> Routes:
+        """Concatenate along the batch axis, right-padding shorter sequences with -1 / NaN."""
+        if not parts:
+            raise ValueError("Routes.cat needs at least one Routes")
+        first = parts[0]
+        for p in parts[1:]:
+            if p.layers != first.layers or p.top_k != first.top_k or p.num_experts != first.num_experts:
+                raise ValueError("Routes.cat: parts disagree on layers, top_k or num_experts")
+        seq = max(p.seq_len for p in parts)
+
+        def padded(get, fill) -> torch.Tensor | None:
+            tensors = [get(p) for p in parts]
+            if any(t is None for t in tensors):
+                return None
+            out = []
+            for t in tensors:
+                pad_shape = (t.shape[0], seq - t.shape[1], *t.shape[2:])
+                out.append(torch.cat([t, t.new_full(pad_shape, fill)], dim=1))
+            return torch.cat(out, dim=0)
+
+        rows = [p.rows for p in parts]
+        return Routes(
+            indices=padded(lambda p: p.indices, -1),
+            layers=first.layers,
+            num_experts=first.num_experts,
+            margin=padded(lambda p: p.margin, float("nan")),
+            entropy=padded(lambda p: p.entropy, float("nan")),
+            router_logprobs=padded(lambda p: p.router_logprobs, float("nan")),
+            rows=None if any(r is None for r in rows) else torch.cat(rows),
+        )
+
+
+def gather_router_logprobs(router_logprobs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Router log-probs of given experts (e.g. the old policy's choice under the new router).
+
+    ``router_logprobs [batch, seq, layers, experts]``, ``indices [batch, seq, layers, top_k]`` (-1
+    allowed) -> ``[batch, seq, layers, top_k]``, NaN where the index is -1.
+    """
+    idx = indices.long()
+    out = router_logprobs.gather(-1, idx.clamp_min(0))  # [batch, seq, layers, top_k]
+    return out.masked_fill(idx < 0, float("nan"))

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv and install moestab into it (editable). Usage: scripts/setup.sh [dev]
+#   dev: also test dependencies (pytest, ruff, trl) and headless Chromium for the browser test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+# torch<2.14 (pyproject) resolves to the local CPU wheel on this project's machines.
+# (The grep only hides this machine's pip-config noise; pipefail keeps pip's own exit status.)
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${1:+[$1]}" 2>&1 \
+  | { grep -v "^WARNING: Location" || true; }
+if [ "${1:-}" = "dev" ] && ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+      || echo "setup: could not install chromium; the browser test will be skipped" >&2
+  else
+    echo "setup: chromium not found and cannot apt-get it; the browser test will be skipped" >&2
+  fi
+fi
+.venv/bin/python -c "import moestab, torch, transformers; print('moestab', moestab.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
