@@ -1,8 +1,9 @@
 """Models moestab builds in code: the embedded default policy and tiny configs of each MoE family."""
 
+from moestab.charset import CHARSET
 from moestab.models.embedded import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.models.families import TINY_CONFIGS, tiny_config
-from moestab.models.tokenizer import CHARSET, build_char_tokenizer
+from moestab.models.tokenizer import build_char_tokenizer
 
 __all__ = [
     "CHARSET",

@@ -9,10 +9,10 @@ from __future__ import annotations
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from moestab.charset import CHARSET
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
-# Every character a prompt or answer of the embedded tasks may use.
-CHARSET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ +-*/=?:;,.!()[]<>_'\"#\n"
 
 
 def build_char_tokenizer(charset: str = CHARSET) -> PreTrainedTokenizerFast:
@@ -35,8 +35,3 @@ def build_char_tokenizer(charset: str = CHARSET) -> PreTrainedTokenizerFast:
         padding_side="left",  # decoder-only generation pads on the left
         clean_up_tokenization_spaces=False,
     )
-
-
-def unsupported_characters(text: str, charset: str = CHARSET) -> set[str]:
-    """Characters of ``text`` that the character tokenizer would map to ``<unk>``."""
-    return set(text) - set(charset)
