@@ -11,6 +11,7 @@ import platform
 import statistics
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -48,10 +49,10 @@ def main() -> None:
             model(input_ids=ids, attention_mask=mask)
         routes = rec.routes
         modes = {
-            "plain": lambda: nullcontext(),
-            "recorder": lambda: RoutingRecorder(model),
-            "recorder_nostats": lambda: RoutingRecorder(model, margin=False, entropy=False),
-            "replay": lambda: RoutingReplay(model, routes),
+            "plain": nullcontext,
+            "recorder": partial(RoutingRecorder, model),
+            "recorder_nostats": partial(RoutingRecorder, model, margin=False, entropy=False),
+            "replay": partial(RoutingReplay, model, routes),
         }
         times: dict[str, list[float]] = {m: [] for m in modes}
         with torch.no_grad():

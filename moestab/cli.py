@@ -16,9 +16,6 @@ from moestab import __version__
 SUBCOMMANDS = {
     "train": "train",
     "analyze": "analyze",
-    "probe": "probe",
-    "dashboard": "dashboard",
-    "init-model": "init_model",
 }
 
 

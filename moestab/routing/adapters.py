@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import nn
@@ -38,17 +39,23 @@ class RouterAdapter:
 
     def router_type(self) -> type[nn.Module] | None:
         """The router class, or None when this transformers build lacks the family."""
-        module_path, _, name = self.router_class.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module_path), name)
-        except (ImportError, AttributeError):
-            return None
+        return _import_class(self.router_class)
 
     def num_experts(self, router: nn.Module) -> int:
         return int(router.num_experts)
 
     def top_k(self, router: nn.Module) -> int:
         return int(router.top_k)
+
+
+@cache
+def _import_class(dotted: str) -> type[nn.Module] | None:
+    # Cached: discovery asks for every (module, adapter) pair, and import_module is not free.
+    module_path, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_path), name)
+    except (ImportError, AttributeError):
+        return None
 
 
 def _softmax_gates(router: nn.Module, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -116,12 +123,16 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(a.family for a in ADAPTERS)
 
 def adapter_for(module: nn.Module) -> RouterAdapter | None:
     """The adapter whose router class ``module`` is an instance of (exact family match first)."""
-    for adapter in ADAPTERS:
-        router_type = adapter.router_type()
-        if router_type is not None and type(module) is router_type:
-            return adapter
-    for adapter in ADAPTERS:  # subclasses (e.g. a model family derived by inheritance)
-        router_type = adapter.router_type()
-        if router_type is not None and isinstance(module, router_type):
+    exact = _adapters_by_type()
+    adapter = exact.get(type(module))
+    if adapter is not None:
+        return adapter
+    for router_type, adapter in exact.items():  # subclasses (e.g. a family derived by inheritance)
+        if isinstance(module, router_type):
             return adapter
     return None
+
+
+@cache
+def _adapters_by_type() -> dict[type[nn.Module], RouterAdapter]:
+    return {t: a for a in ADAPTERS if (t := a.router_type()) is not None}

@@ -1,0 +1,168 @@
+"""Figures of the analyses (matplotlib, PNG through the Agg renderer; pyplot is never imported, so
+no global figure state and no display backend is touched).
+
+Each ``plot_*`` function takes analysis results and returns a :class:`matplotlib.figure.Figure`;
+:func:`write_run_plots` computes what a run folder allows and writes every figure of it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from moestab.analysis.attribution import Attribution, run_attribution
+from moestab.analysis.errors import RunFileError, RunReadWarning
+from moestab.analysis.experts import metrics_per_layer
+from moestab.analysis.load import list_token_files, load_metrics, load_tokens
+from moestab.analysis.ratios import ratio_histograms
+from moestab.analysis.volatility import run_volatility, volatility_table
+from moestab.records import schema
+
+CURVE_KEYS = (("reward/mean", "reward (mean)"), ("accuracy", "rollout accuracy"), ("eval/accuracy", "eval accuracy"))
+
+
+def _figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as PNG to ``path`` (parent folders created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return path
+
+
+def plot_curves(metrics: pd.DataFrame) -> Figure:
+    """Reward, rollout accuracy and eval accuracy against step; one line per ``run`` if that column exists."""
+    fig, axes = _figure(len(CURVE_KEYS))
+    groups = metrics.groupby("run", sort=False) if "run" in metrics else [(None, metrics)]
+    for name, part in groups:
+        for ax, (key, _) in zip(axes, CURVE_KEYS, strict=True):
+            if key in part:
+                values = pd.to_numeric(part[key], errors="coerce")
+                ok = values.notna()
+                ax.plot(part["step"][ok], values[ok], marker="o" if key == "eval/accuracy" else None, label=name)
+    for ax, (_, title) in zip(axes, CURVE_KEYS, strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0] and "run" in metrics:
+            ax.legend(fontsize="small")
+    return fig
+
+
+def plot_volatility_heatmap(table: pd.DataFrame, value: str = "changed", title: str = "") -> Figure:
+    """Heatmap layer x step of ``value`` from a tidy frame with columns ``step``, ``layer``, ``value``."""
+    grid = table.pivot_table(index="layer", columns="step", values=value, aggfunc="mean")
+    fig, (ax,) = _figure(width=7.0, height=4.5)
+    if grid.size:
+        image = ax.imshow(
+            grid.to_numpy(np.float64),
+            aspect="auto",
+            origin="lower",
+            interpolation="nearest",
+            extent=(grid.columns.min() - 0.5, grid.columns.max() + 0.5, -0.5, len(grid.index) - 0.5),
+        )
+        fig.colorbar(image, ax=ax, label=value)
+        ticks = np.linspace(0, len(grid.index) - 1, min(len(grid.index), 8)).round().astype(int)
+        ax.set_yticks(ticks, [str(grid.index[i]) for i in ticks])
+    ax.set_xlabel("step")
+    ax.set_ylabel("MoE layer")
+    ax.set_title(title or f"routing volatility ({value})")
+    return fig
+
+
+def plot_ratio_histograms(histograms: pd.DataFrame) -> Figure:
+    """Histograms of ``log w`` and ``log s`` (the frame of :func:`~moestab.analysis.ratios.ratio_histograms`)."""
+    fig, axes = _figure(2)
+    for ax, quantity in zip(axes, ("log_w", "log_s"), strict=True):
+        part = histograms[histograms["quantity"] == quantity]
+        if len(part):
+            ax.stairs(part["count"].to_numpy(), np.r_[part["left"].to_numpy(), part["right"].to_numpy()[-1]], fill=True)
+            ax.set_yscale("log")
+        ax.set_title(f"{quantity.replace('_', ' ')} ({'per token' if quantity == 'log_w' else 'per sequence'})")
+        ax.set_xlabel(quantity)
+        ax.set_ylabel("count")
+    return fig
+
+
+def plot_attribution(attribution: Attribution) -> Figure:
+    """Mean / q0.99 ``|log w|`` of flipped vs unflipped tokens, and router flip rate vs margin bin."""
+    fig, (left, right) = _figure(2)
+    groups = attribution.groups[attribution.groups["flipped"].isin([False, True])]
+    x = np.arange(len(groups))
+    left.bar(x - 0.2, groups["mean_abs_log_w"], width=0.4, label="mean")
+    left.bar(x + 0.2, groups["q99_abs_log_w"], width=0.4, label="q0.99")
+    left.set_xticks(
+        x,
+        [
+            f"{'flipped' if f else 'not flipped'}\n(n={n})"
+            for f, n in zip(groups["flipped"], groups["tokens"], strict=True)
+        ],
+    )
+    left.set_ylabel("|log w|")
+    left.set_title(f"|log w| by routing flip ({attribution.pair})")
+    left.legend(fontsize="small")
+    margin = attribution.by_margin
+    if len(margin):
+        centers = (margin["margin_low"].to_numpy(np.float64) + margin["margin_high"].to_numpy(np.float64)) / 2
+        right.plot(centers, margin["flip_rate"].to_numpy(np.float64), marker="o")
+        if (centers > 0).all():
+            right.set_xscale("log")
+    right.set_xlabel("router margin under pi_old (quantile-bin centre)")
+    right.set_ylabel("router flip rate")
+    right.set_title("flip rate vs margin")
+    return fig
+
+
+def _heatmap_table(run: str | Path, metrics: pd.DataFrame | None, pair: str) -> pd.DataFrame | None:
+    if metrics is not None:
+        tidy = metrics_per_layer(metrics, f"routing/{pair}/changed_by_layer").dropna()
+        if len(tidy):
+            return tidy.rename(columns={"value": "changed"})
+    counts = run_volatility(run, pair)
+    return None if counts is None else volatility_table(counts, by=["step", "layer"])
+
+
+def write_run_plots(run: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write every figure a run allows into ``out_dir``; returns the paths written.
+
+    ``curves.png`` (metrics.jsonl), ``volatility_old_new.png`` and ``volatility_rollout_old.png``
+    (metrics' per-layer lists, else the per-token tables), ``ratios.png`` and ``attribution.png``
+    (per-token tables). A figure whose data is missing is skipped with a
+    :class:`~moestab.analysis.errors.RunReadWarning`.
+    """
+    out = Path(out_dir)
+    written: list[Path] = []
+    try:
+        metrics = load_metrics(run)
+    except RunFileError as exc:
+        warnings.warn(RunReadWarning(f"no curves: {exc}"), stacklevel=2)
+        metrics = None
+    if metrics is not None and len(metrics):
+        written.append(save_figure(plot_curves(metrics), out / "curves.png"))
+    for pair in ("old_new", "rollout_old"):
+        table = _heatmap_table(run, metrics, pair)
+        if table is not None and len(table):
+            fig = plot_volatility_heatmap(table, title=f"routing volatility {pair.replace('_', ' -> ')} (changed)")
+            written.append(save_figure(fig, out / f"volatility_{pair}.png"))
+    has_tokens = len(list_token_files(run)) > 0
+    if has_tokens:
+        columns = [schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W]
+        tokens = load_tokens(run, columns=columns)
+        if len(tokens):
+            written.append(save_figure(plot_ratio_histograms(ratio_histograms(tokens)), out / "ratios.png"))
+        attribution = run_attribution(run)
+        if attribution is not None:
+            written.append(save_figure(plot_attribution(attribution), out / "attribution.png"))
+    else:
+        warnings.warn(RunReadWarning(f"{run}: no per-token tables: no ratio or attribution plots"), stacklevel=2)
+    return written

@@ -1,0 +1,146 @@
+"""Distributions of the importance ratios that entered the loss, and their clipping.
+
+Per token, ``log w = logp_update - logp_old`` (column ``log_w``; token ratio of GRPO/PPO). Per
+sequence, the GSPO ratio ``s_i = exp(mean_t log w_it)`` (GSPO arXiv 2507.18071, Eq. 7), so
+``log s_i`` is the mean of ``log_w`` over the response's tokens. The per-token tables hold every
+loss token of each recorded sequence (docs/run-format.md), so the mean over a sequence's rows is
+the mean over its response.
+
+Inputs are per-token DataFrames with the run-format columns used by each function (``step``,
+``seq``, ``log_w``, ``clipped``, ``response_length``), e.g. from
+:func:`moestab.analysis.load.load_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from moestab.analysis.bins import DEFAULT_LENGTH_EDGES, bin_left_edges
+from moestab.records import schema
+
+DEFAULT_QUANTILES: tuple[float, ...] = (0.001, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 0.999)
+
+
+def _require(frame: pd.DataFrame, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise KeyError(f"per-token frame lacks column(s) {missing}; has {list(frame.columns)}")
+
+
+def sequence_log_s(tokens: pd.DataFrame) -> pd.DataFrame:
+    """One row per sequence (``step``, ``seq``): ``log_s`` (mean ``log_w``), ``tokens``, ``clipped``
+    (any token clipped) and, when present in ``tokens``, ``response_length`` and ``reward``."""
+    _require(tokens, [schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W])
+    keys = [schema.COL_STEP, schema.COL_SEQ]
+    grouped = tokens.groupby(keys, sort=True)
+    out = grouped[schema.COL_LOG_W].agg(log_s="mean", tokens="size")
+    if schema.COL_CLIPPED in tokens:
+        out["clipped"] = grouped[schema.COL_CLIPPED].any()
+    for column in (schema.COL_RESPONSE_LEN, schema.COL_REWARD):
+        if column in tokens:
+            out[column] = grouped[column].first()
+    return out.reset_index()
+
+
+def describe(values: np.ndarray, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> dict[str, float]:
+    """``count``, ``mean``, ``std`` (population), ``min``, ``max`` and ``q<p>`` quantiles of the finite values."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    out: dict[str, float] = {"count": float(arr.size)}
+    if arr.size == 0:
+        out.update({"mean": np.nan, "std": np.nan, "min": np.nan, "max": np.nan})
+        out.update({f"q{q:g}": np.nan for q in quantiles})
+        return out
+    out.update({"mean": arr.mean(), "std": arr.std(), "min": arr.min(), "max": arr.max()})
+    out.update({f"q{q:g}": v for q, v in zip(quantiles, np.quantile(arr, quantiles), strict=True)})
+    return out
+
+
+def ratio_quantiles(tokens: pd.DataFrame, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> pd.DataFrame:
+    """Summary of ``log w`` (per token) and ``log s`` (per sequence): one row each, columns of :func:`describe`."""
+    log_s = sequence_log_s(tokens)["log_s"].to_numpy()
+    rows = [
+        {"quantity": "log_w", **describe(tokens[schema.COL_LOG_W].to_numpy(), quantiles)},
+        {"quantity": "log_s", **describe(log_s, quantiles)},
+    ]
+    return pd.DataFrame(rows)
+
+
+def histogram(values: np.ndarray, bins: int = 60, limit: float | None = None) -> pd.DataFrame:
+    """Histogram of the finite ``values`` over ``[-limit, limit]`` in ``bins`` equal bins.
+
+    ``limit`` defaults to the larger of ``|q0.001|`` and ``|q0.999|`` (so the bulk is visible); values
+    outside are counted in the first / last bin, so counts sum to the number of finite values.
+    Columns: ``left``, ``right``, ``count``.
+    """
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    if limit is None:
+        limit = float(np.abs(np.quantile(arr, [0.001, 0.999])).max()) if arr.size else 1.0
+    if not limit > 0:
+        limit = 1e-6
+    edges = np.linspace(-limit, limit, bins + 1)
+    counts, _ = np.histogram(np.clip(arr, -limit, limit), bins=edges)
+    return pd.DataFrame({"left": edges[:-1], "right": edges[1:], "count": counts.astype(np.int64)})
+
+
+def ratio_histograms(tokens: pd.DataFrame, bins: int = 60) -> pd.DataFrame:
+    """Tidy histograms of ``log_w`` and ``log_s``: columns ``quantity``, ``left``, ``right``, ``count``."""
+    log_s = sequence_log_s(tokens)["log_s"].to_numpy()
+    frames = []
+    for name, values in (("log_w", tokens[schema.COL_LOG_W].to_numpy()), ("log_s", log_s)):
+        frame = histogram(values, bins)
+        frame.insert(0, "quantity", name)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def clip_fractions(tokens: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Share of clipped tokens (``token_clip``) and of sequences with a clipped token (``seq_clip``).
+
+    ``clipped`` marks the ratio the loss clipped: the token's (GRPO) or its sequence's (GSPO), so
+    for GSPO both shares agree up to sequence lengths. Grouped by ``by`` (e.g. ``["step"]``).
+    """
+    _require(tokens, [schema.COL_STEP, schema.COL_SEQ, schema.COL_CLIPPED, *by])
+    by = list(by)
+    clipped = tokens[schema.COL_CLIPPED].astype(bool)
+    frame = tokens[[*dict.fromkeys([*by, schema.COL_STEP, schema.COL_SEQ])]].assign(_clip=clipped)
+    seq = frame.groupby([*dict.fromkeys([*by, schema.COL_STEP, schema.COL_SEQ])], sort=True)["_clip"].any()
+    if by:
+        token_part = frame.groupby(by, sort=True)["_clip"].agg(tokens="size", token_clip="mean")
+        seq_part = seq.groupby(level=by, sort=True).agg(sequences="size", seq_clip="mean")
+        return token_part.join(seq_part).reset_index()
+    return pd.DataFrame(
+        [
+            {
+                "tokens": len(frame),
+                "token_clip": float(clipped.mean()) if len(frame) else np.nan,
+                "sequences": len(seq),
+                "seq_clip": float(seq.mean()) if len(seq) else np.nan,
+            }
+        ]
+    )
+
+
+def variance_by_length(tokens: pd.DataFrame, edges: Sequence[int] = DEFAULT_LENGTH_EDGES) -> pd.DataFrame:
+    """Variance of ``log w`` (over tokens) and ``log s`` (over sequences) per response-length bin.
+
+    Columns: ``length_bin`` (left edge), ``tokens``, ``sequences``, ``mean_log_w``, ``var_log_w``,
+    ``mean_log_s``, ``var_log_s`` (population variances; NaN for an empty group). Shows how the
+    sequence ratio's length normalisation (GSPO Eq. 7) tames the spread of long responses.
+    """
+    _require(tokens, [schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W, schema.COL_RESPONSE_LEN])
+    token_bins = bin_left_edges(tokens[schema.COL_RESPONSE_LEN].to_numpy(), edges)
+    tok = tokens[[schema.COL_LOG_W]].assign(length_bin=token_bins).groupby("length_bin", sort=True)
+    token_part = tok[schema.COL_LOG_W].agg(tokens="size", mean_log_w="mean", var_log_w=lambda x: x.var(ddof=0))
+    seqs = sequence_log_s(tokens)
+    seqs["length_bin"] = bin_left_edges(seqs[schema.COL_RESPONSE_LEN].to_numpy(), edges)
+    seq_part = seqs.groupby("length_bin", sort=True)["log_s"].agg(
+        sequences="size", mean_log_s="mean", var_log_s=lambda x: x.var(ddof=0)
+    )
+    return token_part.join(seq_part, how="outer").reset_index()

@@ -1,0 +1,74 @@
+"""Token layout shared by the rollout engine and the trainer.
+
+A rollout of ``B`` sequences is laid out as the trainer's input ``[B, L]`` = prompt (left-padded,
+``P`` columns) + generated tokens except the last one, so that logits at input position ``p``
+predict the token at ``p + 1``. The response region is the last ``T = L - P + 1`` logit positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moestab.routing import Routes
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Sequences sampled by the rollout engine, in the trainer's layout."""
+
+    input_ids: torch.Tensor
+    """``[B, L]`` trainer input: prompt + response[:-1]."""
+    attention_mask: torch.Tensor
+    """``[B, L]`` 1 for prompt tokens and response tokens up to the first EOS; 0 for padding."""
+    targets: torch.Tensor
+    """``[B, T]`` response tokens (predicted by input positions ``P-1 .. L-1``)."""
+    response_mask: torch.Tensor
+    """``[B, T]`` bool: response tokens up to and including the first EOS."""
+    logp_rollout: torch.Tensor
+    """``[B, T]`` float32 log-prob of each response token under the rollout engine's sampling distribution."""
+    routes: Routes
+    """Experts the rollout engine chose at each input position ``[B, L, layers, top_k]``."""
+    prompt_len: int
+    """``P``: columns of (left-padded) prompt."""
+    completions: list[str]
+    """Decoded responses (special tokens removed)."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def response_len(self) -> int:
+        return self.targets.shape[1]
+
+    def response_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, L, V]`` trainer logits -> ``[B, T, V]`` logits of the response positions."""
+        return logits[:, self.prompt_len - 1 :]
+
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The sequences ``rows`` (e.g. a minibatch)."""
+        return RolloutBatch(
+            input_ids=self.input_ids[rows],
+            attention_mask=self.attention_mask[rows],
+            targets=self.targets[rows],
+            response_mask=self.response_mask[rows],
+            logp_rollout=self.logp_rollout[rows],
+            routes=self.routes.select(rows),
+            prompt_len=self.prompt_len,
+            completions=[self.completions[i] for i in rows.tolist()],
+        )
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens, as ``generate()`` computes them for left padding."""
+    positions = attention_mask.long().cumsum(-1) - 1  # [B, L]
+    return positions.masked_fill(attention_mask == 0, 0)
+
+
+def response_mask_from_tokens(generated: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """``[B, T]`` bool: tokens up to and including the first EOS (all of them when there is none)."""
+    is_eos = generated == eos_token_id  # [B, T]
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # strictly after the first EOS
+    return ~after_eos

@@ -1,0 +1,52 @@
+"""Checkpoints: a Hugging Face folder per step plus the optimizer state needed by --resume.
+
+A checkpoint of step ``s`` is complete when both ``checkpoints/step_s/`` and ``state/step_s.pt``
+exist; both are written to temporary names and renamed, so a kill never leaves a partial one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from moestab.models import save_policy
+from moestab.records import schema
+
+_STEP_DIR = re.compile(r"^step_(\d{6})$")
+
+
+def state_file(run_dir: Path, step: int) -> Path:
+    return run_dir / schema.STATE_DIR / f"step_{step:06d}.pt"
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    optimizer: torch.optim.Optimizer,
+) -> Path:
+    state = state_file(run_dir, step)
+    tmp = state.with_name(f".{state.name}.tmp")
+    torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp)
+    os.replace(tmp, state)
+    return save_policy(model, tokenizer, run_dir / schema.checkpoint_dir(step))
+
+
+def complete_checkpoints(run_dir: Path) -> list[int]:
+    """Steps with a complete checkpoint, ascending."""
+    folder = run_dir / schema.CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return []
+    steps = []
+    for entry in folder.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and entry.is_dir() and state_file(run_dir, int(match.group(1))).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def load_optimizer_state(run_dir: Path, step: int, optimizer: torch.optim.Optimizer) -> None:
+    state = torch.load(state_file(run_dir, step), map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])

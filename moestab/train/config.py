@@ -1,0 +1,136 @@
+"""``TrainConfig``: every setting of ``moestab train``, typed, documented and validated up front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from moestab.configs import ConfigError
+
+REPLAY_MODES = ("off", "old", "rollout")
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Configuration of one RL fine-tuning run (``moestab train``)."""
+
+    algo: str = "gspo"
+    """Objective preset: grpo | gspo | gspo-token | dapo | dr-grpo | cispo | gmpo | rspo (moestab.rl.PRESETS)."""
+    routing_replay: Literal["off", "old", "rollout"] = "off"
+    """Routing Replay: off; old (R2: replay pi_old's trainer routes in the updates); rollout (R3: replay
+    the rollout engine's routes for the pi_old log-probs and the updates)."""
+    model: str = "embedded"
+    """'embedded' (the built-in tiny Qwen3-MoE, warm-started by a short supervised phase) or a local
+    Hugging Face checkpoint folder / hub id."""
+    task: str = "arithmetic"
+    """Task spec, e.g. 'arithmetic', 'reverse:length=6', 'jsonl:path=data.jsonl,match=numeric' (docs/tasks.md)."""
+    steps: int = 60
+    """RL steps (one rollout batch each)."""
+    prompts_per_step: int = 32
+    """Prompts sampled per step."""
+    group_size: int = 8
+    """Completions per prompt (the group of GRPO/GSPO advantages)."""
+    minibatches: int = 4
+    """Gradient updates per rollout batch (the GSPO paper uses 4, so the policy moves away from pi_old)."""
+    lr: float = 2e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping threshold."""
+    max_new_tokens: int | None = None
+    """Response length cap; default: the task's longest answer plus the end-of-sequence token."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollout engine (the trainer scales logits the same way)."""
+    clip_low: float | None = None
+    """Lower clip range eps_low; default: the algorithm's published value."""
+    clip_high: float | None = None
+    """Upper clip range eps_high; default: the algorithm's published value."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
+    gamma_min: float = 0.1
+    """RSPO only: floor of the router-shift weight."""
+    seed: int = 0
+    """Seed of everything: initialisation, prompts, sampling, minibatch order."""
+    out: str | None = None
+    """Run folder; default runs/<algo>-<routing_replay>-seed<seed>."""
+    save_every: int = 20
+    """Checkpoint every N steps (and at the end)."""
+    resume: bool = False
+    """Continue the run in --out from its last checkpoint."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter / compute dtype."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train; auto = cuda when available."""
+    eval_every: int = 20
+    """Greedy accuracy on the fixed eval set every N steps (and at start and end)."""
+    eval_size: int = 200
+    """Examples in the fixed eval set."""
+    record_fraction: float = 1.0
+    """Share of each step's sequences written to the per-token tables (step aggregates use all)."""
+    record_layers: tuple[int, ...] | None = None
+    """MoE layers written to the per-token tables (default: all)."""
+    warm_start_target: float = 0.4
+    """Embedded model only: stop the supervised warm start at this eval accuracy, leaving room for RL."""
+    warm_start_max_steps: int = 1500
+    """Embedded model only: cap on supervised warm-start steps."""
+    cache_dir: str | None = None
+    """Where warm-started base models are cached; default $MOESTAB_CACHE or ~/.cache/moestab."""
+    threads: int | None = None
+    """torch CPU threads (default: torch's choice)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        from moestab.rl import PRESETS  # light: pure-torch module
+
+        if self.algo not in PRESETS:
+            raise ConfigError(f"algo: unknown {self.algo!r}; valid: {', '.join(PRESETS)}")
+        _choice("routing_replay", self.routing_replay, REPLAY_MODES)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("device", self.device, DEVICES)
+        for name in ("steps", "prompts_per_step", "minibatches", "save_every", "eval_every", "eval_size"):
+            _at_least(name, getattr(self, name), 1)
+        _at_least("group_size", self.group_size, 2)
+        _at_least("warm_start_max_steps", self.warm_start_max_steps, 0)
+        if self.max_new_tokens is not None:
+            _at_least("max_new_tokens", self.max_new_tokens, 1)
+        if self.threads is not None:
+            _at_least("threads", self.threads, 1)
+        if self.prompts_per_step * self.group_size < self.minibatches:
+            raise ConfigError(
+                f"minibatches={self.minibatches} exceeds the rollout batch "
+                f"(prompts_per_step*group_size = {self.prompts_per_step * self.group_size})"
+            )
+        for name in ("lr", "temperature", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "kl_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
+        if not 0 < self.record_fraction <= 1:
+            raise ConfigError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
+        if not 0 <= self.warm_start_target <= 1:
+            raise ConfigError(f"warm_start_target must be in [0, 1], got {self.warm_start_target}")
+        if not 0 < self.gamma_min <= 1:
+            raise ConfigError(f"gamma_min must be in (0, 1], got {self.gamma_min}")
+
+    @property
+    def run_dir(self) -> str:
+        return self.out or f"runs/{self.algo}-{self.routing_replay}-seed{self.seed}"
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name}: unknown {value!r}; valid: {', '.join(valid)}")
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -1,0 +1,106 @@
+"""One trainer forward of the policy over a rollout batch, with optional replay and recording."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import PreTrainedModel
+
+from moestab import rl
+from moestab.routing import Routes, RoutingRecorder, RoutingReplay
+from moestab.train.batch import RolloutBatch, position_ids_from_mask
+
+
+@dataclass(frozen=True)
+class PolicyForward:
+    logp: torch.Tensor
+    """``[B, T]`` log-probs of the response tokens (with grad when the forward had grad)."""
+    entropy: torch.Tensor | None
+    """``[B, T]`` token entropy (detached), when asked."""
+    routes: Routes | None
+    """Routes used at every input position ``[B, L, layers, top_k]``, when recorded."""
+
+
+def policy_forward(
+    model: PreTrainedModel,
+    batch: RolloutBatch,
+    *,
+    temperature: float,
+    replay: Routes | None = None,
+    record: bool = True,
+    router_logprobs: bool = False,
+    entropy: bool = False,
+) -> PolicyForward:
+    """Log-probs of ``batch``'s responses under ``model``; routes forced to ``replay`` when given.
+
+    ``entropy`` also returns the policy's token entropy and records the routers' entropy.
+
+    With both ``replay`` and ``record``, the recorded routes are the replayed ones (what was used).
+    """
+    with ExitStack() as stack:
+        if replay is not None:
+            stack.enter_context(RoutingReplay(model, replay))
+        recorder = (
+            stack.enter_context(
+                RoutingRecorder(model, margin=True, entropy=entropy, router_logprobs=router_logprobs)
+            )
+            if record
+            else None
+        )
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=position_ids_from_mask(batch.attention_mask),
+            use_cache=False,
+        ).logits  # [B, L, V]
+    response_logits = batch.response_logits(logits)  # [B, T, V]
+    logp = rl.token_logprobs(response_logits, batch.targets, temperature=temperature)  # [B, T]
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = rl.token_entropy(response_logits.detach(), temperature=temperature)  # [B, T]
+    return PolicyForward(logp=logp, entropy=ent, routes=recorder.routes if recorder else None)
+
+
+def response_routes(routes: Routes, batch: RolloutBatch) -> torch.Tensor:
+    """``[B, T, layers, top_k]``: the routes at the input positions whose logits score each response token."""
+    return routes.indices[:, batch.prompt_len - 1 :]
+
+
+def chunked_policy_forward(
+    model: PreTrainedModel,
+    batch: RolloutBatch,
+    chunks: list[torch.Tensor],
+    *,
+    temperature: float,
+    replay: Routes | None = None,
+    record: bool = True,
+    router_logprobs: bool = False,
+    entropy: bool = False,
+) -> PolicyForward:
+    """``policy_forward`` over row ``chunks`` (the minibatches), reassembled in batch order.
+
+    Running pi_old in the same chunks as the updates gives the first update bit-identical inputs,
+    so its ratios are exactly 1 rather than 1 up to batch-shape-dependent rounding.
+    """
+    parts = [
+        (rows, policy_forward(model, batch.select(rows), temperature=temperature,
+                              replay=None if replay is None else replay.select(rows), record=record,
+                              router_logprobs=router_logprobs, entropy=entropy))
+        for rows in chunks
+    ]
+    order = torch.cat([rows for rows, _ in parts])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+
+    def gather(get):
+        values = [get(p) for _, p in parts]
+        return None if values[0] is None else torch.cat(values)[inverse]
+
+    routes = None
+    if record:
+        routes = Routes.cat([p.routes for _, p in parts]).select(inverse)
+        routes = replace(routes, rows=None)
+    return PolicyForward(logp=gather(lambda p: p.logp), entropy=gather(lambda p: p.entropy), routes=routes)

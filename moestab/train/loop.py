@@ -1,0 +1,245 @@
+"""The training loop behind ``moestab train``: set-up, steps, evaluation, checkpoints, run records."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from moestab import rl
+from moestab.configs import ConfigError, config_to_dict
+from moestab.models import EmbeddedModelSpec
+from moestab.records import schema
+from moestab.records.writer import RunWriter
+from moestab.routing import find_routers
+from moestab.tasks import Task, task_from_spec
+from moestab.train.checkpoint import complete_checkpoints, load_optimizer_state, save_checkpoint
+from moestab.train.config import TrainConfig
+from moestab.train.evaluate import greedy_accuracy
+from moestab.train.interrupt import GracefulInterrupt
+from moestab.train.rollout import HFRolloutEngine
+from moestab.train.step import NonFiniteLossError, StepSettings, run_step, step_examples, step_seed
+from moestab.train.token_table import token_table
+from moestab.train.warm_start import WarmStartSpec, warm_start
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TrainingError(RuntimeError):
+    """A run could not start or continue; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    status: str
+    last_step: int
+    start_accuracy: float | None
+    final_accuracy: float | None
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but torch sees no CUDA device; valid here: cpu, auto")
+    return torch.device(name)
+
+
+def _cache_dir(config: TrainConfig) -> Path:
+    return Path(config.cache_dir or os.environ.get("MOESTAB_CACHE") or Path.home() / ".cache" / "moestab")
+
+
+def _base_model_path(config: TrainConfig, task: Task, log: Callable[[str], None]) -> tuple[str, dict | None]:
+    if config.model != "embedded":
+        return config.model, None
+    spec = WarmStartSpec(
+        model=EmbeddedModelSpec(seed=config.seed),
+        task_spec=task.spec,
+        target=config.warm_start_target,
+        max_steps=config.warm_start_max_steps,
+        seed=config.seed,
+        eval_size=config.eval_size,
+    )
+    path, record = warm_start(spec, task, _cache_dir(config), log=log)
+    return str(path), record
+
+
+def _load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as exc:
+        raise TrainingError(f"cannot load model {path!r}: {exc}") from exc
+    find_routers(model)  # a dense model fails here with the list of supported families
+    return model.to(device)
+
+
+def _model_info(model: PreTrainedModel, record_slots: list[int]) -> dict:
+    sites = find_routers(model)
+    return {
+        "family": model.config.model_type,
+        "num_layers": len(sites),
+        "moe_layers": [s.layer for s in sites],
+        "num_experts": sites[0].num_experts,
+        "top_k": sites[0].top_k,
+        "recorded_layers": [sites[i].layer for i in record_slots],
+    }
+
+
+def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResult:
+    """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = _device(config.device)
+    dtype = DTYPES[config.dtype]
+    task = task_from_spec(config.task)
+    preset = rl.get_preset(config.algo)
+    run_dir = Path(config.run_dir)
+    writer = RunWriter(run_dir)
+    max_new = config.max_new_tokens or task.max_answer_chars + 1
+
+    done = complete_checkpoints(run_dir)
+    if config.resume:
+        if not writer.run_json.is_file():
+            raise TrainingError(f"--resume: {run_dir} is not a run folder (no {schema.RUN_JSON})")
+        if not done:
+            raise TrainingError(f"--resume: {run_dir} has no complete checkpoint to resume from")
+        saved = writer.read_info()["config"]
+        mismatched = {k: (saved.get(k), v) for k, v in config_to_dict(config).items()
+                      if k not in ("resume", "steps", "progress", "threads", "save_every") and saved.get(k) != v}
+        if mismatched:
+            raise TrainingError(f"--resume with settings that differ from the run's: {mismatched}")
+    elif writer.run_json.exists():
+        raise TrainingError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+
+    base_path, warm = _base_model_path(config, task, log)
+    start_step = done[-1] if config.resume else 0
+    model = _load_policy(str(run_dir / schema.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    ref_model = _load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    # fused: one kernel for all parameters (the per-tensor loop costs ~3.5x on CPU, bench/bench_train.py)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
+    if start_step:
+        load_optimizer_state(run_dir, start_step, optimizer)
+
+    sites = find_routers(model)
+    moe_layers = [s.layer for s in sites]
+    wanted = config.record_layers or tuple(moe_layers)
+    unknown = sorted(set(wanted) - set(moe_layers))
+    if unknown:
+        raise ConfigError(f"record_layers {unknown} are not MoE layers of this model; valid: {moe_layers}")
+    record_slots = [moe_layers.index(layer) for layer in sorted(set(wanted))]
+    settings = StepSettings(
+        preset=preset,
+        clip_low=config.clip_low if config.clip_low is not None else preset.clip_low,
+        clip_high=config.clip_high if config.clip_high is not None else preset.clip_high,
+        kl_coef=config.kl_coef, gamma_min=config.gamma_min, replay=config.routing_replay,
+        minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
+        max_new_tokens=max_new, max_grad_norm=config.max_grad_norm,
+    )
+    eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
+
+    def evaluate() -> float:
+        return greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
+
+    if config.resume:
+        writer.truncate_metrics(start_step)
+        writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None)
+        start_accuracy = writer.read_info().get("warm_start", {}).get("accuracy")
+    else:
+        resolved = config_to_dict(replace(config, out=str(run_dir)))
+        writer.start(config=resolved, model=_model_info(model, record_slots),
+                     config_yaml=yaml.safe_dump(resolved, sort_keys=False))
+        start_accuracy = evaluate()
+        writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
+        save_checkpoint(run_dir, 0, model, tokenizer, optimizer)
+        log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
+
+    engine = HFRolloutEngine(model, tokenizer)
+    progress = _progress(config, start_step)
+    step, status, final_accuracy = start_step, schema.STATUS_RUNNING, None
+    with GracefulInterrupt() as interrupt:
+        try:
+            for step in range(start_step + 1, config.steps + 1):
+                seed = step_seed(config.seed, step)
+                torch.manual_seed(seed)
+                metrics, tensors = run_step(
+                    model=model, optimizer=optimizer, engine=engine, task=task, settings=settings,
+                    examples=step_examples(task, config.prompts_per_step, config.seed, step),
+                    generator=torch.Generator().manual_seed(seed), ref_model=ref_model,
+                )
+                rows = _record_rows(tensors.batch.batch_size, config.record_fraction, seed)
+                writer.write_tokens(step, token_table(step, tensors, rows=rows, layer_slots=record_slots))
+                if step % config.eval_every == 0 or step == config.steps:
+                    metrics["eval/accuracy"] = evaluate()
+                writer.append_metrics({"step": step, **metrics})
+                if step % config.save_every == 0 or step == config.steps:
+                    save_checkpoint(run_dir, step, model, tokenizer, optimizer)
+                writer.update(last_step=step)
+                progress.update(metrics)
+                if interrupt.requested:
+                    save_checkpoint(run_dir, step, model, tokenizer, optimizer)
+                    status = schema.STATUS_INTERRUPTED
+                    log(f"\ninterrupted: saved step {step}; continue with --resume --out {run_dir}")
+                    break
+            else:
+                status = schema.STATUS_FINISHED
+                final_accuracy = metrics.get("eval/accuracy") if config.steps > start_step else evaluate()
+        except NonFiniteLossError as exc:
+            status = schema.STATUS_FAILED
+            last_good = complete_checkpoints(run_dir)[-1]
+            message = f"step {step}: {exc}; stopped, the last good checkpoint is step {last_good} (not overwritten)"
+            writer.update(status=status, error=message, last_step=step - 1)
+            progress.close()
+            raise TrainingError(message) from exc
+        finally:
+            progress.close()
+    last = step if status != schema.STATUS_RUNNING else step - 1
+    writer.update(status=status, last_step=last,
+                  **({"final": {"accuracy": final_accuracy}} if final_accuracy is not None else {}))
+    return RunResult(run_dir, status, last, start_accuracy, final_accuracy)
+
+
+def _record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
+    if fraction >= 1.0:
+        return torch.arange(batch_size)
+    keep = max(1, round(fraction * batch_size))
+    return torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed + 1))[:keep].sort().values
+
+
+class _Progress:
+    """tqdm bar showing reward and routing volatility (no-op when disabled)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stderr)
+
+    def update(self, metrics: dict) -> None:
+        if self.bar is None:
+            return
+        postfix = {"reward": f"{metrics['reward/mean']:.2f}",
+                   "vol": f"{metrics['routing/old_new/changed']:.3f}"}
+        if "eval/accuracy" in metrics:
+            postfix["eval"] = f"{metrics['eval/accuracy']:.2f}"
+        self.bar.set_postfix(postfix)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _progress(config: TrainConfig, start: int) -> _Progress:
+    return _Progress(config.steps, start, config.progress)

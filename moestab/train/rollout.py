@@ -1,0 +1,66 @@
+"""The rollout engine: Hugging Face ``generate()`` under a ``RoutingRecorder`` (routes kept for R3)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from moestab.routing import RoutingRecorder
+from moestab.train.batch import RolloutBatch, response_mask_from_tokens
+
+
+class HFRolloutEngine:
+    """Samples completions with ``model.generate`` and records the experts every token used."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs eos and pad tokens for batched generation")
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        input_ids = enc.input_ids.to(device)  # [B, P]
+        prompt_mask = enc.attention_mask.to(device)  # [B, P]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with RoutingRecorder(self.model, margin=False, entropy=False) as recorder:
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=prompt_mask,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_k=0,  # sample from the full distribution: the trainer's logp must match it
+                    top_p=1.0,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                )
+        finally:
+            self.model.train(was_training)
+        sequences = out.sequences  # [B, P + T]
+        prompt_len = input_ids.shape[1]
+        generated = sequences[:, prompt_len:]  # [B, T]
+        response_mask = response_mask_from_tokens(generated, tok.eos_token_id)  # [B, T]
+        raw = torch.stack(out.logits, dim=1).float()  # [B, T, V] logits before temperature
+        logp = torch.log_softmax(raw / temperature, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        attention_mask = torch.cat([prompt_mask, response_mask[:, :-1].long()], dim=1)  # [B, L]
+        routes = recorder.routes
+        completions = tok.batch_decode(generated.masked_fill(~response_mask, tok.pad_token_id),
+                                       skip_special_tokens=True)
+        return RolloutBatch(
+            input_ids=sequences[:, :-1],
+            attention_mask=attention_mask,
+            targets=generated,
+            response_mask=response_mask,
+            logp_rollout=logp.masked_fill(~response_mask, 0.0),
+            routes=routes,
+            prompt_len=prompt_len,
+            completions=completions,
+        )

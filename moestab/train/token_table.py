@@ -1,0 +1,62 @@
+"""The per-token Parquet table of one step (docs/run-format.md, "tokens/")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from moestab.records import schema
+from moestab.train.step import StepTensors
+
+
+def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
+
+
+def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: list[int]) -> pa.Table:
+    """One row per response token of the sequences ``rows``; route columns keep ``layer_slots``.
+
+    ``layer_slots`` are positions on the routes' layer axis (not decoder-layer numbers).
+    """
+    batch = t.batch
+    P = batch.prompt_len
+    mask = batch.response_mask[rows]  # [b, T]
+    b, T = mask.shape
+    seq = rows[:, None].expand(b, T)[mask]  # [N]
+    position = torch.arange(T)[None, :].expand(b, T)[mask]
+
+    def tok(x: torch.Tensor) -> np.ndarray:  # [B, T] -> [N]
+        return x[rows][mask].detach().cpu().numpy()
+
+    def seq_col(x: torch.Tensor) -> np.ndarray:  # [B] -> [N]
+        return x[rows][:, None].expand(b, T)[mask].cpu().numpy()
+
+    def routes(indices: torch.Tensor) -> pa.FixedSizeListArray:  # [B, L, layers, k] -> [N] lists
+        r = indices[rows][:, P - 1 :][mask][:, layer_slots]  # [N, layers', k]
+        return _fixed_list(r.to(torch.int16).cpu().numpy(), r.shape[1] * r.shape[2])
+
+    margin = t.routes_old.margin[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
+    group_size = len(batch.completions) // len(t.examples)
+    columns = {
+        schema.COL_STEP: pa.array(np.full(len(seq), step, np.int32)),
+        schema.COL_SEQ: pa.array(seq.numpy().astype(np.int32)),
+        schema.COL_PROMPT: pa.array((seq // group_size).numpy().astype(np.int32)),
+        schema.COL_MINIBATCH: pa.array(seq_col(t.minibatch).astype(np.int16)),
+        schema.COL_POSITION: pa.array(position.numpy().astype(np.int32)),
+        schema.COL_RESPONSE_LEN: pa.array(seq_col(batch.response_mask.sum(-1)).astype(np.int32)),
+        schema.COL_REWARD: pa.array(seq_col(t.rewards.float()).astype(np.float32)),
+        schema.COL_ADVANTAGE: pa.array(seq_col(t.advantages.float()).astype(np.float32)),
+        schema.COL_LOGP_ROLLOUT: pa.array(tok(batch.logp_rollout).astype(np.float32)),
+        schema.COL_LOGP_OLD: pa.array(tok(t.logp_old).astype(np.float32)),
+        schema.COL_LOGP_UPDATE: pa.array(tok(t.logp_update).astype(np.float32)),
+        schema.COL_LOGP_NEW: pa.array(tok(t.logp_new).astype(np.float32)),
+        schema.COL_LOG_W: pa.array(tok(t.logp_update - t.logp_old).astype(np.float32)),
+        schema.COL_CLIPPED: pa.array(tok(t.clipped).astype(bool)),
+        schema.COL_ROUTES_ROLLOUT: routes(batch.routes.indices),
+        schema.COL_ROUTES_OLD: routes(t.routes_old.indices),
+        schema.COL_ROUTES_UPDATE: routes(t.routes_update),
+        schema.COL_ROUTES_NEW: routes(t.routes_new.indices),
+        schema.COL_MARGIN_OLD: _fixed_list(margin.astype(np.float32), margin.shape[1]),
+    }
+    return pa.table(columns)

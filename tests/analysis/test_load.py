@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from moestab.analysis import load as L
+from moestab.analysis.errors import NotARunError, RunFileError, RunReadWarning, SchemaVersionError
+from moestab.records import schema
+
+
+def test_run_info(fake_run):
+    info = L.load_run_info(fake_run.path)
+    assert info.name == "run_a" and info.status == "finished"
+    assert (info.algo, info.replay, info.model) == ("gspo", "R2", "embedded")
+    assert (info.num_layers, info.num_experts, info.top_k) == (4, 8, 2)
+    assert info.recorded_layers == (0, 2, 3)
+    assert (info.last_step, info.warm_start_accuracy, info.final_accuracy) == (3, 0.25, 0.75)
+
+
+def test_metrics_one_row_per_step(fake_run):
+    metrics = L.load_metrics(fake_run.path)
+    assert metrics["step"].tolist() == [1, 2, 3]  # step 1 was written twice: last line kept
+    assert metrics.loc[0, "eval/accuracy"] == 0.5 and np.isnan(metrics.loc[1, "eval/accuracy"])
+    assert metrics.loc[2, "routing/old_new/changed_by_layer"] == fake_run.metrics[2]["routing/old_new/changed_by_layer"]
+    assert metrics["reward/mean"].tolist() == pytest.approx([m["reward/mean"] for m in fake_run.metrics])
+    both = L.load_runs_metrics([fake_run.path, fake_run.path])
+    assert both.columns[0] == "run" and len(both) == 6
+
+
+def test_listing(fake_run):
+    assert L.list_token_files(fake_run.path)["step"].tolist() == [1, 2, 3]
+    ckpts = L.list_checkpoints(fake_run.path)
+    assert ckpts["step"].tolist() == [2]  # the .tmp folder is not a checkpoint
+    assert ckpts["path"][0].name == "step_000002"
+
+
+def test_streamed_routes_are_zero_copy_and_exact(fake_run):
+    path = L.list_token_files(fake_run.path)["path"][0]
+    expected = fake_run.tokens[1][schema.COL_ROUTES_OLD]
+    parts = []
+    batches = list(L.iter_token_batches(path, [schema.COL_ROUTES_OLD, schema.COL_MARGIN_OLD], batch_rows=5))
+    assert max(b.num_rows for b in batches) <= 5 and len(batches) > 2
+    for batch in batches:
+        column = batch.column(schema.COL_ROUTES_OLD)
+        arr = L.route_array(column, top_k=2)
+        assert arr.dtype == np.int16 and arr.shape[1:] == (3, 2)
+        buffer = column.values.buffers()[1]
+        assert np.shares_memory(arr, np.frombuffer(buffer, np.int16))  # a view of the Arrow buffer
+        parts.append(arr)
+    np.testing.assert_array_equal(np.concatenate(parts), expected)
+    margins = np.concatenate([L.margin_array(b.column(schema.COL_MARGIN_OLD)) for b in batches])
+    np.testing.assert_array_equal(margins, fake_run.tokens[1][schema.COL_MARGIN_OLD])
+    whole = L.read_routes(path, schema.COL_ROUTES_NEW, top_k=2)
+    np.testing.assert_array_equal(whole, fake_run.tokens[1][schema.COL_ROUTES_NEW])
+
+
+def test_route_array_from_plain_lists_and_nulls():
+    lists = pa.array([[0, 1, 2, 3], [4, 5, 6, 7]], type=pa.list_(pa.int16()))
+    np.testing.assert_array_equal(L.route_array(lists, 2), [[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
+    with_null = pa.array([[0, 1, 2, 3], None], type=pa.list_(pa.int16()))
+    np.testing.assert_array_equal(L.route_array(with_null, 2)[1], -1)
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array([0, None, 2, 3], pa.int16()), 2)
+    np.testing.assert_array_equal(L.route_array(fixed, 2), [[[0, -1]], [[2, 3]]])
+    sliced = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.int16)), 4).slice(1, 2)
+    np.testing.assert_array_equal(L.route_array(sliced, 2).reshape(2, 4), [[4, 5, 6, 7], [8, 9, 10, 11]])
+    with pytest.raises(ValueError, match="multiple of top_k"):
+        L.route_array(fixed, 3)
+    with pytest.raises(ValueError, match="length is not 4"):
+        L.route_array(pa.array([[0, 1, 2, 3], [1]], type=pa.list_(pa.int16())), 2)
+
+
+def test_load_tokens(fake_run):
+    tokens = L.load_tokens(fake_run.path)
+    assert schema.COL_ROUTES_OLD not in tokens and schema.COL_LOG_W in tokens
+    assert len(tokens) == sum(len(t[schema.COL_STEP]) for t in fake_run.tokens.values())
+    some = L.load_tokens(fake_run.path, columns=[schema.COL_STEP, schema.COL_LOG_W], steps=[2])
+    assert list(some.columns) == [schema.COL_STEP, schema.COL_LOG_W] and set(some[schema.COL_STEP]) == {2}
+
+
+def test_not_a_run(tmp_path):
+    with pytest.raises(NotARunError, match=r"no run\.json"):
+        L.load_run_info(tmp_path)
+    with pytest.raises(NotARunError, match="not a directory"):
+        L.load_run_info(tmp_path / "missing")
+
+
+def test_newer_schema_is_refused(fake_run):
+    raw = dict(fake_run.run_json, schema_version=schema.SCHEMA_VERSION + 1)
+    (fake_run.path / schema.RUN_JSON).write_text(json.dumps(raw))
+    with pytest.raises(SchemaVersionError, match="newer"):
+        L.load_run_info(fake_run.path)
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"status": "running"}'])
+def test_corrupt_run_json_is_named(fake_run, content):
+    (fake_run.path / schema.RUN_JSON).write_text(content)
+    with pytest.raises(RunFileError, match=r"run\.json") as info:
+        L.load_run_info(fake_run.path)
+    assert info.value.path == fake_run.path / schema.RUN_JSON
+
+
+def test_missing_metrics_is_named(fake_run):
+    (fake_run.path / schema.METRICS_JSONL).unlink()
+    with pytest.raises(RunFileError, match=r"metrics\.jsonl: missing"):
+        L.load_metrics(fake_run.path)
+
+
+def test_torn_metrics_line_is_a_warning(fake_run):
+    with open(fake_run.path / schema.METRICS_JSONL, "a") as f:
+        f.write('{"step": 4, "loss": 0.')  # a running run's half-written line
+    with pytest.warns(RunReadWarning, match=r"metrics.jsonl: skipped 1 unreadable line\(s\) \(line 5\)"):
+        metrics = L.load_metrics(fake_run.path)
+    assert metrics["step"].tolist() == [1, 2, 3]
+
+
+def test_corrupt_parquet_is_skipped_with_a_warning(fake_run):
+    bad = fake_run.path / schema.tokens_file(2)
+    bad.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(RunFileError, match=r"step_000002\.parquet"):
+        list(L.iter_token_batches(bad))
+    with pytest.warns(RunReadWarning, match=r"step_000002\.parquet"):
+        steps = {step for step, _ in L.iter_run_batches(fake_run.path, [schema.COL_LOG_W])}
+    assert steps == {1, 3}
+    with pytest.warns(RunReadWarning, match=r"step_000002\.parquet"):
+        tokens = L.load_tokens(fake_run.path, columns=[schema.COL_STEP])
+    assert set(tokens[schema.COL_STEP]) == {1, 3}
+
+
+def test_truncated_parquet_is_skipped_with_a_warning(fake_run):
+    path = fake_run.path / schema.tokens_file(3)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.warns(RunReadWarning, match=r"step_000003\.parquet"):
+        steps = {step for step, _ in L.iter_run_batches(fake_run.path, [schema.COL_LOG_W])}
+    assert steps == {1, 2}
+
+
+def test_missing_column_is_named(fake_run):
+    path = fake_run.path / schema.tokens_file(1)
+    table = pq.read_table(path).drop_columns([schema.COL_ROUTES_NEW])
+    pq.write_table(table, path)
+    with pytest.raises(RunFileError, match=r"missing column\(s\) \['routes_new'\]"):
+        list(L.iter_token_batches(path, [schema.COL_ROUTES_NEW]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps = [s for s, _ in L.iter_run_batches(fake_run.path, [schema.COL_ROUTES_NEW])]
+    assert set(steps) == {2, 3} and any("step_000001" in str(w.message) for w in caught)
+
+
+def test_malformed_route_column_skips_the_file(fake_run):
+    from moestab.analysis.volatility import run_volatility, volatility_table
+
+    from .naive import volatility_metrics
+
+    path = fake_run.path / schema.tokens_file(2)
+    table = pq.read_table(path)
+    rows = table.num_rows
+    odd = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(rows * 5, np.int16)), 5)  # 5 is not layers * top_k
+    table = table.set_column(table.schema.get_field_index(schema.COL_ROUTES_OLD), schema.COL_ROUTES_OLD, odd)
+    pq.write_table(table, path)
+    with pytest.warns(RunReadWarning, match=r"step_000002\.parquet: malformed route column"):
+        counts = run_volatility(fake_run.path, "old_new")
+    got = volatility_table(counts).iloc[0]
+    steps = [fake_run.tokens[s] for s in (1, 3)]
+    expected = volatility_metrics(
+        np.concatenate([c[schema.COL_ROUTES_OLD] for c in steps]),
+        np.concatenate([c[schema.COL_ROUTES_NEW] for c in steps]),
+    )
+    assert got["changed"] == pytest.approx(expected["changed"]) and got["tokens"] == expected["tokens"]

@@ -1,0 +1,79 @@
+"""R3 uses the rollout engine's routes for pi_old; R2 the trainer's. Checked with a rollout engine
+whose routes deliberately differ from the trainer's (as a real inference engine's can)."""
+
+import copy
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from moestab import rl
+from moestab.models import build_embedded_policy
+from moestab.tasks import task_from_spec
+from moestab.train.forward import policy_forward
+from moestab.train.rollout import HFRolloutEngine
+from moestab.train.step import StepSettings, run_step
+
+from .helpers import TASK
+
+
+class ShiftedRoutesEngine(HFRolloutEngine):
+    """HF generate, but reports expert e+1 (mod E) wherever it used e: a maximal rollout/trainer mismatch."""
+
+    def generate(self, prompts, **kwargs):
+        batch = super().generate(prompts, **kwargs)
+        idx = batch.routes.indices
+        shifted = torch.where(idx >= 0, (idx + 1) % batch.routes.num_experts, idx)
+        return replace(batch, routes=replace(batch.routes, indices=shifted))
+
+
+def one_step(replay: str):
+    torch.manual_seed(0)
+    model, tokenizer = build_embedded_policy()
+    before = copy.deepcopy(model)
+    task = task_from_spec(TASK)
+    settings = StepSettings(
+        preset=rl.get_preset("grpo"), clip_low=0.2, clip_high=0.27, kl_coef=0.0, gamma_min=0.1, replay=replay,
+        minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
+    )
+    metrics, t = run_step(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        engine=ShiftedRoutesEngine(model, tokenizer),
+        task=task, settings=settings, examples=task.sample(4, random.Random(0)),
+        generator=torch.Generator().manual_seed(0),
+    )
+    return before, metrics, t
+
+
+def test_r3_old_policy_forward_replays_rollout_routes():
+    before, metrics, t = one_step("rollout")
+    batch = t.batch
+    with torch.no_grad():
+        replayed = policy_forward(before, batch, temperature=1.0, replay=batch.routes, record=False).logp
+        free = policy_forward(before, batch, temperature=1.0, record=False).logp
+    mask = batch.response_mask
+    assert torch.allclose(t.logp_old[mask], replayed[mask], atol=1e-6)
+    assert not torch.allclose(t.logp_old[mask], free[mask], atol=1e-3)  # the shift changes pi_old
+    assert torch.allclose(t.logp_old_free[mask], free[mask], atol=1e-6)  # free routes still recorded
+    real = batch.attention_mask.bool()
+    assert torch.equal(t.routes_update[real], batch.routes.indices[real])  # updates replay rollout routes
+    # rollout->trainer routing mismatch is measured; expected value by Python sets (a shifted set
+    # {e, e+1} still overlaps the original in e+1, so the changed fraction is below 1).
+    resp = batch.response_mask
+    old = t.routes_old.indices[:, batch.prompt_len - 1 :][resp].tolist()  # [tokens][layers][k]
+    roll = batch.routes.indices[:, batch.prompt_len - 1 :][resp].tolist()
+    pairs = [(a, b) for ta, tb in zip(old, roll, strict=True) for a, b in zip(ta, tb, strict=True)]
+    overlaps = [len(set(a) & set(b)) / len(a) for a, b in pairs]
+    expected = 1 - sum(overlaps) / len(overlaps)
+    assert 0.5 < expected < 1.0
+    assert metrics["routing/rollout_old/changed"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_r2_updates_replay_the_trainers_old_routes_not_the_rollouts():
+    _, metrics, t = one_step("old")
+    real = t.batch.attention_mask.bool()
+    assert torch.equal(t.routes_update[real], t.routes_old.indices[real])
+    assert not torch.equal(t.routes_update[real], t.batch.routes.indices[real])
+    assert torch.equal(t.logp_old, t.logp_old_free)  # R2 computes pi_old with free routing
+    assert metrics["routing/update_old/changed_by_minibatch"] is None  # replay hides update-time drift

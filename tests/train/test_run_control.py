@@ -1,0 +1,133 @@
+"""Resume, NaN stop, Ctrl-C and configuration errors of `moestab train`."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from moestab.cli import main
+from moestab.records import schema
+from moestab.train import TrainingError, train
+from moestab.train.checkpoint import complete_checkpoints
+
+from .helpers import TASK, tiny_config
+
+QUIET = {"log": lambda s: None}
+
+
+def metric_lines(run_dir):
+    lines = [json.loads(line) for line in (run_dir / schema.METRICS_JSONL).read_text().splitlines()]
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in lines]
+
+
+def test_resume_after_a_kill_reproduces_an_uninterrupted_run(tmp_path, cache_dir):
+    straight = tmp_path / "straight"
+    train(tiny_config(straight, cache_dir, steps=4, save_every=2), **QUIET)
+
+    killed = tmp_path / "killed"
+    train(tiny_config(killed, cache_dir, steps=3, save_every=2), **QUIET)
+    # Simulate a kill during step 4 after step 3 was logged but before its checkpoint existed.
+    for path in [killed / schema.checkpoint_dir(3), killed / schema.STATE_DIR / "step_000003.pt"]:
+        if path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    assert complete_checkpoints(killed)[-1] == 2
+    train(tiny_config(killed, cache_dir, steps=4, save_every=2, resume=True), **QUIET)
+
+    assert metric_lines(killed) == metric_lines(straight)
+    info = json.loads((killed / schema.RUN_JSON).read_text())
+    assert info["status"] == "finished" and info["last_step"] == 4
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, monkeypatch):
+    import moestab.train.step as step_module
+
+    real = step_module.rl.compute_loss_parts
+    calls = {"n": 0}
+
+    def poisoned(name, **kwargs):
+        calls["n"] += 1
+        parts = real(name, **kwargs)
+        return dataclasses.replace(parts, loss=parts.loss * float("nan")) if calls["n"] > 2 else parts
+
+    monkeypatch.setattr(step_module.rl, "compute_loss_parts", poisoned)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"step 2: policy loss is nan.*last good checkpoint is step 1"):
+        train(tiny_config(run, cache_dir, steps=3), **QUIET)
+    info = json.loads((run / schema.RUN_JSON).read_text())
+    assert info["status"] == "failed" and "nan" in info["error"] and info["last_step"] == 1
+    assert complete_checkpoints(run) == [0, 1]
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_exits_cleanly(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "moestab.cli", "train", "--task", TASK, "--steps", "200", "--prompts-per-step", "4",
+           "--group-size", "4", "--minibatches", "2", "--eval-size", "8", "--eval-every", "100",
+           "--save-every", "100", "--warm-start-max-steps", "0", "--cache-dir", str(cache_dir), "--out", str(run),
+           "--no-progress", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run / schema.METRICS_JSONL
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    info = json.loads((run / schema.RUN_JSON).read_text())
+    assert info["status"] == "interrupted", out
+    last = info["last_step"]
+    assert 2 <= last < 200 and complete_checkpoints(run)[-1] == last
+    assert "continue with --resume" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--algo", "ppo"], "algo: unknown 'ppo'; valid: grpo, gspo, gspo-token, dapo, dr-grpo, cispo, gmpo, rspo"),
+        (["--routing-replay", "r2"], "invalid choice: 'r2' (choose from 'off', 'old', 'rollout')"),
+        (["--steps", "0"], "steps must be an integer >= 1, got 0"),
+        (["--group-size", "1"], "group_size must be an integer >= 2"),
+        (["--lr", "abc"], "lr: 'abc' is not a valid float"),
+        (["--task", "chess"], "chess"),
+        (["--record-fraction", "1.5"], "record_fraction must be in (0, 1]"),
+    ],
+)
+def test_bad_configuration_fails_before_anything_starts(tmp_path, capsys, args, message):
+    out = tmp_path / "run"
+    try:
+        code = main(["train", "--out", str(out), *args])
+    except SystemExit as exc:  # argparse rejects invalid choices itself
+        code = exc.code
+    captured = capsys.readouterr()
+    assert code == 2
+    assert message in captured.out + captured.err
+    assert not out.exists()
+
+
+def test_yaml_config_with_unknown_field_is_rejected(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nlearning_rate: 0.1\n")
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    assert "unknown config field 'learning_rate'; valid fields: algo, routing_replay" in capsys.readouterr().out
+
+
+def test_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError, match="is not a run folder"):
+        train(tiny_config(run, cache_dir, resume=True), **QUIET)
+    train(tiny_config(run, cache_dir, steps=1), **QUIET)
+    with pytest.raises(TrainingError, match="already holds a run; pass --resume"):
+        train(tiny_config(run, cache_dir, steps=1), **QUIET)
+    with pytest.raises(TrainingError, match="settings that differ"):
+        train(tiny_config(run, cache_dir, steps=2, resume=True, lr=1.0), **QUIET)
+    assert os.path.isdir(run / schema.checkpoint_dir(1))
+
