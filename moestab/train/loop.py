@@ -165,7 +165,7 @@ def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResu
 
     engine = HFRolloutEngine(model, tokenizer)
     progress = _progress(config, start_step)
-    step, status, final_accuracy = start_step, schema.STATUS_RUNNING, None
+    step, status, final_accuracy = start_step, schema.STATUS_FINISHED, None
     with GracefulInterrupt() as interrupt:
         try:
             for step in range(start_step + 1, config.steps + 1):
@@ -194,18 +194,20 @@ def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResu
                 status = schema.STATUS_FINISHED
                 final_accuracy = metrics.get("eval/accuracy") if config.steps > start_step else evaluate()
         except NonFiniteLossError as exc:
-            status = schema.STATUS_FAILED
             last_good = complete_checkpoints(run_dir)[-1]
             message = f"step {step}: {exc}; stopped, the last good checkpoint is step {last_good} (not overwritten)"
-            writer.update(status=status, error=message, last_step=step - 1)
-            progress.close()
+            writer.update(status=schema.STATUS_FAILED, error=message, last_step=step - 1)
             raise TrainingError(message) from exc
+        except BaseException as exc:  # a crash or a second Ctrl-C: the folder must not claim "running"
+            hard_stop = isinstance(exc, KeyboardInterrupt)
+            writer.update(status=schema.STATUS_INTERRUPTED if hard_stop else schema.STATUS_FAILED,
+                          error=f"step {step}: {type(exc).__name__}: {exc}", last_step=step - 1)
+            raise
         finally:
             progress.close()
-    last = step if status != schema.STATUS_RUNNING else step - 1
-    writer.update(status=status, last_step=last,
+    writer.update(status=status, last_step=step,
                   **({"final": {"accuracy": final_accuracy}} if final_accuracy is not None else {}))
-    return RunResult(run_dir, status, last, start_accuracy, final_accuracy)
+    return RunResult(run_dir, status, step, start_accuracy, final_accuracy)
 
 
 def _record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
