@@ -1,7 +1,8 @@
 """Forward time with RoutingRecorder / RoutingReplay against a plain forward, as ratios.
 
-Modes are interleaved round by round in one process (this machine is noisy), and each ratio is
-median(mode) / median(plain). Usage: python bench/bench_routing.py [--rounds 15] [--threads 2]
+Modes are interleaved round by round in one process, in a rotating order (this machine is noisy),
+and each ratio is median(mode) / median(plain), for wall time and for process CPU time (steadier
+when other jobs share the cores). Usage: python bench/bench_routing.py [--rounds 15] [--threads 2]
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}")
-    print("| model / batch | plain (ms) | recorder (x) | recorder, no stats (x) | replay (x) |")
-    print("|---|---|---|---|---|")
+    print("| model / batch | clock | plain (ms) | recorder (x) | recorder, no stats (x) | replay (x) |")
+    print("|---|---|---|---|---|---|")
     for label, model, (batch, seq), vocab in models():
         model.eval()
         g = torch.Generator().manual_seed(0)
@@ -54,21 +55,25 @@ def main() -> None:
             "recorder_nostats": partial(RoutingRecorder, model, margin=False, entropy=False),
             "replay": partial(RoutingReplay, model, routes),
         }
-        times: dict[str, list[float]] = {m: [] for m in modes}
+        names = list(modes)
+        wall: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[float]] = {m: [] for m in modes}
         with torch.no_grad():
             for _ in range(2):  # warm-up
                 model(input_ids=ids, attention_mask=mask)
-            for _ in range(args.rounds):
-                for name, ctx in modes.items():
-                    t0 = time.perf_counter()
-                    with ctx():
+            for r in range(args.rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    with modes[name]():
                         model(input_ids=ids, attention_mask=mask)
-                    times[name].append(time.perf_counter() - t0)
-        med = {m: statistics.median(v) for m, v in times.items()}
-        print(
-            f"| {label} | {med['plain'] * 1e3:.1f} | {med['recorder'] / med['plain']:.3f} | "
-            f"{med['recorder_nostats'] / med['plain']:.3f} | {med['replay'] / med['plain']:.3f} |"
-        )
+                    wall[name].append(time.perf_counter() - w0)
+                    cpu[name].append(time.process_time() - c0)
+        for clock, times in (("wall", wall), ("cpu", cpu)):
+            med = {m: statistics.median(v) for m, v in times.items()}
+            print(
+                f"| {label} | {clock} | {med['plain'] * 1e3:.1f} | {med['recorder'] / med['plain']:.3f} | "
+                f"{med['recorder_nostats'] / med['plain']:.3f} | {med['replay'] / med['plain']:.3f} |"
+            )
 
 
 if __name__ == "__main__":

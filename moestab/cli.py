@@ -16,6 +16,7 @@ from moestab import __version__
 SUBCOMMANDS = {
     "train": "train",
     "analyze": "analyze",
+    "dashboard": "dashboard",
 }
 
 

@@ -1,0 +1,104 @@
+"""Attribution: ratio noise and clipping of tokens whose routing flipped vs those whose did not, and
+router flip rate against the router's margin."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+from dashkit import figures, loaders, ui
+
+PAIRS = {
+    "update_old": "update vs old: the two forward passes on either side of log w",
+    "old_new": "old vs new: free routes before vs after the step's updates",
+}
+
+ui.page_header(
+    "Attribution",
+    "A token is flipped when its expert set differs in at least one recorded layer between two route sets. "
+    "Do flipped tokens carry the large |log w| and the clipping? (recorded tokens)",
+)
+pair = st.radio("Flip defined by", list(PAIRS), format_func=PAIRS.get, horizontal=True)
+if pair == "update_old":
+    st.caption(
+        "Under R2 the update forward replays `routes_old`, so no token flips (update = old by construction); "
+        "under R3 a flip here is a rollout-vs-trainer routing mismatch."
+    )
+runs = ui.selected_runs()
+if not runs:
+    st.stop()
+colors = {run.label: figures.color(i) for i, run in enumerate(runs)}
+
+results = {}
+for run in runs:
+    loaded = loaders.attribution(run.path, run.key, pair)
+    if ui.report(run, loaded, "per-token tables"):
+        results[run.label] = loaded.value
+if not results:
+    st.stop()
+
+groups = pd.concat([r.groups.assign(run=label) for label, r in results.items()], ignore_index=True)
+groups["group"] = groups["flipped"].map({False: "not flipped", True: "flipped", "all": "all"})
+for label, r in results.items():
+    flipped = r.groups.loc[r.groups["flipped"].eq(True), "tokens"]
+    if int(flipped.sum()) == 0:
+        st.caption(f"**{label}**: no flipped token for this pair (nothing to attribute).")
+
+st.header("|log w| and clipping, flipped vs not")
+cells = st.columns(3)
+panels = [
+    ("mean_abs_log_w", "Mean |log w|", "|log w| (nats)"),
+    ("q99_abs_log_w", "0.99 quantile of |log w|", "|log w| (nats)"),
+    ("clip_frac", "Clipped share", "fraction of tokens clipped"),
+]
+kept = groups[groups["group"] != "all"]
+for cell, (column, title, ylabel) in zip(cells, panels, strict=True):
+    table = kept.pivot_table(index="run", columns="group", values=column, aggfunc="first", dropna=False)
+    table = table.reindex(index=list(results), columns=["not flipped", "flipped"])
+    with cell:
+        fig = figures.grouped_bars(table, ["not flipped", "flipped"], colors, title, ylabel)
+        figures.show(fig, alt=f"{title} of flipped and unflipped tokens per run")
+st.dataframe(
+    groups[
+        ["run", "group", "tokens", "mean_abs_log_w", "median_abs_log_w", "q99_abs_log_w", "clip_frac", "extreme_frac"]
+    ],
+    hide_index=True,
+    width="stretch",
+)
+
+st.header("Flip rate against router margin")
+st.caption(
+    "Per router (token × layer): share whose expert set flipped, in quantile bins of the margin between "
+    "the k-th and (k+1)-th router score under pi_old. Near-ties (small margins) should flip more."
+)
+series = []
+for label, r in results.items():
+    margin = r.by_margin
+    if len(margin):
+        centre = (margin["margin_low"].to_numpy(float) + margin["margin_high"].to_numpy(float)) / 2
+        series.append(figures.Series(label, centre, margin["flip_rate"].to_numpy(float), colors[label]))
+if series:
+    positive = all((s.x > 0).all() for s in series)
+    fig = figures.lines(
+        series,
+        f"Router flip rate vs margin ({pair.replace('_', ' vs ')})",
+        "router margin under pi_old (score gap, bin centre)",
+        "router flip rate",
+    )
+    if positive:
+        fig.axes[0].set_xscale("log")
+    cell, _ = st.columns([3, 2])
+    with cell:
+        figures.show(fig, alt="Router flip rate against router margin per run")
+else:
+    st.info("No router margins recorded (`margin_old`) in the selected runs.")
+
+st.header("How much do flips explain?")
+explained = pd.concat([r.explained.assign(run=label) for label, r in results.items()], ignore_index=True)
+st.caption(
+    "For clipped and extreme (|log w| > ln 2) tokens: the share that flipped against the base flip rate; "
+    "lift > 1 means flips are over-represented among them."
+)
+st.dataframe(
+    explained[["run", *[c for c in explained.columns if c != "run"]]].replace({np.inf: np.nan}),
+    hide_index=True,
+    width="stretch",
+)

@@ -1,0 +1,95 @@
+"""Experts: expert load per layer, load entropy over steps, dead experts and co-activation."""
+
+import pandas as pd
+import streamlit as st
+from dashkit import figures, loaders, ui
+
+from moestab.analysis.experts import metrics_load, metrics_per_layer
+
+ui.page_header(
+    "Experts",
+    "Load = share of a layer's routed slots that chose each expert under pi_old. Load heatmaps and entropy "
+    "come from metrics.jsonl (all tokens); dead experts and co-activation from the recorded tokens.",
+)
+runs = ui.selected_runs()
+if not runs:
+    st.stop()
+
+infos = {run.label: loaders.info(run.path, run.key).value for run in runs}
+all_steps = sorted(
+    {
+        int(step)
+        for run in runs
+        for frame in [loaders.metrics(run.path, run.key).value]
+        if frame is not None
+        for step in frame["step"]
+    }
+)
+step = all_steps[-1] if all_steps else 0
+if len(all_steps) > 1:
+    step = st.select_slider(
+        "Step of the load heatmaps (a run without it shows its last step before)", options=all_steps, value=step
+    )
+layer_count = max(len(info.recorded_layers) for info in infos.values())
+layer_index = 0
+if layer_count > 1:
+    first = next(info for info in infos.values() if len(info.recorded_layers) == layer_count)
+    layer_index = st.selectbox(
+        "Co-activation layer",
+        range(layer_count),
+        format_func=lambda i: f"MoE layer {first.recorded_layers[i]}",
+    )
+
+for run in runs:
+    st.header(run.label)
+    info = infos[run.label]
+    loaded = loaders.metrics(run.path, run.key)
+    frame = loaded.value if ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step") else None
+    load_cell, entropy_cell, coact_cell = st.columns(3)
+    with load_cell:
+        load = metrics_load(frame) if frame is not None else pd.DataFrame()
+        if len(load):
+            earlier = load.loc[load["step"] <= step, "step"]
+            shown = int(earlier.max()) if len(earlier) else int(load["step"].min())
+            grid = load[load["step"] == shown].pivot_table(index="layer", columns="expert", values="load")
+            fig = figures.heatmap(
+                grid, f"Expert load at step {shown}", "expert", "MoE layer", "share of routed slots", vmin=0.0
+            )
+            figures.show(fig, alt=f"Heatmap of expert load by layer for {run.label}")
+        elif frame is not None:
+            st.caption("metrics.jsonl has no `experts/load`.")
+    with entropy_cell:
+        entropy = metrics_per_layer(frame, "experts/load_entropy") if frame is not None else pd.DataFrame()
+        if len(entropy):
+            series = [
+                figures.Series(
+                    f"layer {layer}", part["step"].to_numpy(), part["value"].to_numpy(float), figures.color(i)
+                )
+                for i, (layer, part) in enumerate(entropy.groupby("layer", sort=True))
+            ]
+            fig = figures.lines(series, "Load entropy per layer", "step", "entropy of the load (nats)", integer_x=True)
+            figures.show(fig, alt=f"Load entropy per layer against step for {run.label}")
+        elif frame is not None:
+            st.caption("metrics.jsonl has no `experts/load_entropy`.")
+    with coact_cell:
+        if layer_index >= len(info.recorded_layers):
+            st.caption(f"{run.label} records {len(info.recorded_layers)} layer(s).")
+        else:
+            coact = loaders.coactivation(run.path, run.key, int(layer_index))
+            if ui.report(run, coact, "per-token routes", missing="per-token tables"):
+                label = info.recorded_layers[int(layer_index)]
+                fig = figures.heatmap(
+                    pd.DataFrame(coact.value),
+                    f"Co-activation, layer {label}: P(j chosen | i chosen)",
+                    "expert j",
+                    "expert i",
+                    "conditional share",
+                    vmin=0.0,
+                    vmax=1.0,
+                    cmap="magma",
+                )
+                figures.show(fig, alt=f"Co-activation matrix of layer {label} for {run.label}")
+    stats = loaders.expert_stats(run.path, run.key)
+    if ui.report(run, stats, "per-token routes", missing="per-token tables"):
+        st.caption("Over every recorded token of the run (routes under pi_old); dead = never chosen.")
+        st.dataframe(stats.value, hide_index=True, width="stretch")

@@ -1,0 +1,108 @@
+"""Runs: one row per run folder (what it is, how far it got, its stability summary); pick runs to compare."""
+
+import pandas as pd
+import streamlit as st
+from dashkit import loaders, ui
+
+ui.page_header(
+    "Runs",
+    "Every run folder under the runs folder. Choose the runs to compare; the other pages overlay them.",
+)
+ctx = ui.context()
+
+if ctx.problem:
+    st.warning(f"{ctx.problem}. Choose another folder in the sidebar.", icon=":material/folder_off:")
+    st.stop()
+if not ctx.runs:
+    st.info(
+        f"No runs in `{ctx.root}` yet. Start one with `moestab train --out {ctx.root}/NAME`; "
+        "it appears here on Refresh (or with auto-refresh on).",
+        icon=":material/folder_open:",
+    )
+    st.stop()
+
+rows, problems = [], []
+for run in ctx.runs:
+    loaded = loaders.overview(run.path, run.key)
+    row = loaded.value
+    if row is None:
+        rows.append({"run": run.label, "status": "unreadable", "problem": loaded.error})
+        problems.append((run, loaded))
+        continue
+    steps = "-" if row["steps"] is None else str(row["steps"])
+    if row["planned_steps"] is not None:
+        steps += f" / {row['planned_steps']}"
+    rows.append(
+        {
+            "run": run.label,
+            "status": row["status"],
+            "algo": row["algo"],
+            "replay": row["replay"],
+            "model": row["model"],
+            "steps": steps,
+            "final_accuracy": row["final_accuracy"],
+            "warm_start_accuracy": row["warm_start_accuracy"],
+            "old_new_changed": row["old_new_changed"],
+            "rollout_old_changed": row["rollout_old_changed"],
+            "token_clip": row["token_clip"],
+            "mismatch_k3": row["mismatch_k3"],
+            "updated": row["updated"],
+            "problem": row["error"] or ("; ".join(loaded.skipped) if loaded.skipped else None),
+        }
+    )
+    if loaded.skipped:
+        problems.append((run, loaded))
+
+COLUMNS = [
+    "run", "status", "algo", "replay", "model", "steps", "final_accuracy", "warm_start_accuracy",
+    "old_new_changed", "rollout_old_changed", "token_clip", "mismatch_k3", "updated", "problem",
+]  # fmt: skip
+table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+st.dataframe(
+    table,
+    hide_index=True,
+    width="stretch",
+    column_config={
+        "run": st.column_config.TextColumn("run", help="Folder, relative to the runs folder", pinned=True),
+        "status": st.column_config.TextColumn("status", help="finished / running / failed / interrupted"),
+        "steps": st.column_config.TextColumn("steps", help="Last completed step / planned steps"),
+        "final_accuracy": st.column_config.NumberColumn(
+            "final acc.", format="percent", help="Eval accuracy after training (last eval of unfinished runs)"
+        ),
+        "warm_start_accuracy": st.column_config.NumberColumn("start acc.", format="percent"),
+        "old_new_changed": st.column_config.NumberColumn(
+            "old→new changed", format="%.4f", help="Slot-level routing change pi_old -> pi_new, mean over steps"
+        ),
+        "rollout_old_changed": st.column_config.NumberColumn(
+            "rollout→trainer changed", format="%.4f", help="Slot-level change rollout engine -> trainer (pi_old)"
+        ),
+        "token_clip": st.column_config.NumberColumn("clipped tokens", format="percent"),
+        "mismatch_k3": st.column_config.NumberColumn("mismatch k3", format="%.2e", help="Rollout vs trainer, nats"),
+        "updated": st.column_config.TextColumn("updated (UTC)"),
+        "problem": st.column_config.TextColumn("problem", width="large"),
+    },
+)
+
+for run, loaded in problems:
+    ui.report(run, loaded, "run")
+
+for run in ctx.runs:
+    row = loaders.overview(run.path, run.key).value
+    if row is not None and row["status"] == "failed":
+        st.warning(f"**{run.label}** failed: {row['error'] or 'no message recorded'}", icon=":material/cancel:")
+
+
+def _keep_selection() -> None:
+    st.session_state[ui.SELECTED] = list(st.session_state["moestab_select_widget"])
+
+
+labels = {run.path: run.label for run in ctx.runs}
+st.multiselect(
+    "Runs to compare",
+    options=list(labels),
+    default=[path for path in st.session_state.get(ui.SELECTED, []) if path in labels],
+    format_func=labels.get,
+    key="moestab_select_widget",
+    on_change=_keep_selection,
+    help="Used by every other page. Unreadable runs can be chosen too: their pages say what is wrong.",
+)

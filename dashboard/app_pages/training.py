@@ -1,0 +1,63 @@
+"""Training: step curves of metrics.jsonl for the selected runs, overlaid."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+from dashkit import figures, loaders, ui
+
+# (metrics.jsonl key, chart title, y label with units). Keys absent from every run are skipped.
+CURVES = [
+    ("reward/mean", "Reward (mean over the rollout batch)", "reward"),
+    ("accuracy", "Rollout accuracy", "fraction of responses correct"),
+    ("eval/accuracy", "Eval accuracy (greedy, fixed eval set; step 0 = start)", "fraction correct"),
+    ("response/length_mean", "Response length (mean)", "tokens"),
+    ("loss", "Policy loss (mean over minibatches)", "loss"),
+    ("loss/kl/old_new_k3", "KL(pi_old ‖ pi_new), k3 estimate", "nats per token"),
+    ("mismatch/k3", "Rollout vs trainer mismatch, k3", "nats per token"),
+    ("grad_norm", "Gradient norm (before clipping)", "L2 norm"),
+    ("loss/clip/frac", "Clipped fraction (loss units: token or sequence)", "fraction clipped"),
+    ("loss/clip/token_frac", "Clipped fraction (tokens)", "fraction of tokens"),
+    ("entropy", "Policy entropy on response tokens", "nats per token"),
+    ("time/step_s", "Wall time per step", "seconds"),
+]
+
+ui.page_header(
+    "Training",
+    "Per-step aggregates from metrics.jsonl (all response tokens of each step), one line per selected run.",
+)
+runs = ui.selected_runs()
+if not runs:
+    st.stop()
+
+frames: dict[str, pd.DataFrame] = {}
+start_accuracy: dict[str, float] = {}  # eval accuracy of the starting policy, drawn at step 0
+for run in runs:
+    loaded = loaders.metrics(run.path, run.key)
+    if not ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step"):
+        continue
+    frames[run.label] = loaded.value
+    info = loaders.info(run.path, run.key).value
+    if info is not None and info.warm_start_accuracy is not None:
+        start_accuracy[run.label] = info.warm_start_accuracy
+
+colors = {run.label: figures.color(i) for i, run in enumerate(runs)}
+curves = [c for c in CURVES if any(c[0] in frame for frame in frames.values())]
+if frames and curves:
+    cells = ui.grid(len(curves), per_row=3)
+    for cell, (key, title, ylabel) in zip(cells, curves, strict=True):
+        series = []
+        for label, frame in frames.items():
+            if key not in frame:
+                continue
+            steps = frame["step"].to_numpy(dtype=float)
+            values = pd.to_numeric(frame[key], errors="coerce").to_numpy(dtype=float)
+            if key == "eval/accuracy" and label in start_accuracy:
+                steps, values = np.r_[0.0, steps], np.r_[start_accuracy[label], values]
+            marker = "o" if key == "eval/accuracy" else None
+            series.append(figures.Series(label, steps, values, colors[label], marker=marker))
+        with cell:
+            figures.show(figures.lines(series, title, "step", ylabel, integer_x=True), alt=f"{title} against step")
+    with st.expander("Raw metrics"):
+        for label, frame in frames.items():
+            st.markdown(f"**{label}**")
+            st.dataframe(frame.select_dtypes("number"), hide_index=True)

@@ -1,0 +1,239 @@
+"""What every page shares: the runs folder, the sidebar, the run selection and per-run messages.
+
+The selection is a list of run-folder paths in ``st.session_state[SELECTED]``, set on the Runs page
+and read by the other pages. The app only reads run folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from moestab.analysis.dashboard_data import find_runs, run_fingerprint
+
+from . import loaders
+
+RUNS_ENV = "MOESTAB_RUNS"
+DEFAULT_RUNS_DIR = "runs"
+
+SELECTED = "moestab_selected_runs"
+"""Session-state key: run folders (str) chosen for comparison."""
+_SELECTED_ROOT = "moestab_selected_root"  # runs folder the selection belongs to
+_CONTEXT = "moestab_context"  # this script run's RunsContext
+_WATCH = "moestab_watch"  # fingerprints seen by the auto-refresh watcher
+_SHOWN = "moestab_shown"  # (run, message) pairs already shown on this page
+
+PAGE_RUNS = "app_pages/runs.py"
+
+
+def runs_dir_from(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The runs folder: the first argument after ``--`` of ``streamlit run app.py -- DIR``, else
+    ``$MOESTAB_RUNS``, else ``runs``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("runs_dir", nargs="?")
+    known, _ = parser.parse_known_args(list(argv[1:]))
+    return known.runs_dir or environ.get(RUNS_ENV) or DEFAULT_RUNS_DIR
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run folder as the pages use it."""
+
+    path: str
+    """The run folder (cache argument of every loader)."""
+    label: str
+    """Its path relative to the runs folder (the name shown)."""
+    key: loaders.Key
+    """Its fingerprint: part of every cache key, so changed files are re-read."""
+
+
+@dataclass(frozen=True)
+class RunsContext:
+    """The runs folder of this script run and what is in it."""
+
+    root: Path
+    runs: tuple[RunRef, ...]
+    problem: str | None
+    """Why no run can be listed (missing folder), or ``None``."""
+
+    def by_path(self) -> dict[str, RunRef]:
+        return {run.path: run for run in self.runs}
+
+
+def _discover(root: Path) -> RunsContext:
+    try:
+        folders = find_runs(root)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        return RunsContext(root, (), str(exc))
+    refs = []
+    for folder in folders:
+        label = "." if folder == root else folder.relative_to(root).as_posix()
+        refs.append(RunRef(str(folder), label, run_fingerprint(folder)))
+    return RunsContext(root, tuple(refs), None)
+
+
+def context() -> RunsContext:
+    """The :class:`RunsContext` the sidebar built in this script run (built now if it did not)."""
+    ctx = st.session_state.get(_CONTEXT)
+    if ctx is None:
+        ctx = _discover(Path(runs_dir_from(_argv(), os.environ)))
+        st.session_state[_CONTEXT] = ctx
+    return ctx
+
+
+def _argv() -> list[str]:
+    import sys
+
+    return list(sys.argv)
+
+
+def _default_selection(ctx: RunsContext) -> list[str]:
+    """All runs whose run.json is readable (up to 6), so every page shows something at once."""
+    chosen = [run.path for run in ctx.runs if loaders.info(run.path, run.key).error is None]
+    return chosen[:6]
+
+
+def _sync_selection(ctx: RunsContext) -> None:
+    """Keep the selection to runs that exist; start it afresh for a new runs folder."""
+    if st.session_state.get(_SELECTED_ROOT) != str(ctx.root) or SELECTED not in st.session_state:
+        st.session_state[_SELECTED_ROOT] = str(ctx.root)
+        st.session_state[SELECTED] = _default_selection(ctx)
+        return
+    existing = ctx.by_path()
+    st.session_state[SELECTED] = [path for path in st.session_state[SELECTED] if path in existing]
+
+
+def sidebar() -> RunsContext:
+    """Draw the sidebar (runs folder, Refresh, auto-refresh, selection) and build the context."""
+    default_dir = runs_dir_from(_argv(), os.environ)
+    with st.sidebar:
+        st.markdown("### moestab")
+        folder = st.text_input(
+            "Runs folder",
+            value=default_dir,
+            key="moestab_runs_dir",
+            help="Folder holding run folders (searched 3 levels deep). Set at start-up by "
+            "`moestab dashboard DIR`, `streamlit run dashboard/app.py -- DIR` or $MOESTAB_RUNS.",
+        )
+        if st.button("Refresh", icon=":material/refresh:", help="Re-read every run folder now"):
+            loaders.clear()
+        ctx = _discover(Path(folder or default_dir).expanduser())
+        st.session_state[_CONTEXT] = ctx
+        _sync_selection(ctx)
+        running = [run for run in ctx.runs if _status(run) == "running"]
+        auto = st.toggle(
+            "Auto-refresh",
+            key="moestab_auto_refresh",
+            help="Poll the runs folder and redraw when a file changes (for runs still training).",
+        )
+        if auto:
+            every = st.select_slider("Every (seconds)", options=[2, 5, 10, 30, 60], value=10, key="moestab_every")
+            st.fragment(_watch, run_every=every, key="moestab_watch_fragment")(str(ctx.root))
+        count = len(st.session_state[SELECTED])
+        st.caption(f"{len(ctx.runs)} run(s) in `{ctx.root}` ({len(running)} running); {count} selected for comparison.")
+    return ctx
+
+
+def _status(run: RunRef) -> str | None:
+    loaded = loaders.info(run.path, run.key)
+    return None if loaded.value is None else loaded.value.status
+
+
+def _watch(root: str) -> None:
+    """Auto-refresh: rerun the app when a run folder under ``root`` appears or one of its files changes."""
+    try:
+        seen = {str(folder): run_fingerprint(folder) for folder in find_runs(root)}
+    except (FileNotFoundError, NotADirectoryError):
+        seen = {}
+    previous = st.session_state.get(_WATCH)
+    st.session_state[_WATCH] = seen
+    if previous is not None and previous != seen:
+        st.rerun()
+
+
+def selected_runs() -> list[RunRef]:
+    """The runs chosen on the Runs page whose run.json is readable; says why for the others, and
+    points to the Runs page (returning []) when none is chosen."""
+    ctx = context()
+    if ctx.problem:
+        st.warning(f"{ctx.problem}. Choose another folder in the sidebar.", icon=":material/folder_off:")
+        return []
+    if not ctx.runs:
+        st.info(f"No runs in `{ctx.root}` yet: start one with `moestab train --out {ctx.root}/NAME`.")
+        return []
+    existing = ctx.by_path()
+    chosen = [existing[path] for path in st.session_state.get(SELECTED, []) if path in existing]
+    if not chosen:
+        st.info("No run selected for comparison.")
+        st.page_link(PAGE_RUNS, label="Choose runs on the Runs page", icon=":material/table:")
+        return []
+    runs = []
+    for run in chosen:
+        info = loaders.info(run.path, run.key)
+        if info.error is None:
+            runs.append(run)
+        else:
+            st.error(f"**{run.label}** is left out: {info.error}", icon=":material/error:")
+    return runs
+
+
+def report(run: RunRef, loaded: loaders.Loaded, what: str, missing: str | None = None) -> bool:
+    """Show what went wrong reading ``what`` of ``run``; True when ``loaded`` holds a value to draw.
+
+    Skipped parts are warnings (notes while the run is still running, when files may be half
+    written), each shown once per page; an error is an error box; no value and no error means the
+    run has no ``missing`` (default ``what``) yet, said by :func:`no_data`.
+    """
+    shown = st.session_state.setdefault(_SHOWN, set())
+    running = _status(run) == "running"
+    for message in loaded.skipped:
+        if (run.path, message) in shown:
+            continue
+        shown.add((run.path, message))
+        if running:
+            st.info(f"**{run.label}** (running) — {message}", icon=":material/hourglass_top:")
+        else:
+            st.warning(f"**{run.label}** — {message}", icon=":material/warning:")
+    if loaded.error is not None:
+        st.error(f"**{run.label}**: cannot read the {what}: {loaded.error}", icon=":material/error:")
+        if loaded.trace:
+            with st.expander("Details"):
+                st.code(loaded.trace, language="text")
+        return False
+    if loaded.value is None:
+        no_data(run, missing or what)
+        return False
+    return True
+
+
+def no_data(run: RunRef, what: str) -> None:
+    """Say (once per page) that ``run`` has no ``what``: yet, while it is running; a warning otherwise."""
+    shown = st.session_state.setdefault(_SHOWN, set())
+    if (run.path, what) in shown:
+        return
+    shown.add((run.path, what))
+    if _status(run) == "running":
+        st.info(f"**{run.label}**: no {what} yet (the run is still running).", icon=":material/hourglass_empty:")
+    else:
+        st.warning(f"**{run.label}**: no {what} in this run.", icon=":material/help:")
+
+
+def page_header(title: str, caption: str) -> None:
+    """Title and caption of a page (and a fresh set of messages already shown on it)."""
+    st.session_state[_SHOWN] = set()
+    st.title(title)
+    st.caption(caption)
+
+
+def grid(count: int, per_row: int = 3) -> list:
+    """``count`` containers laid out ``per_row`` to a row."""
+    width = max(1, min(per_row, count))
+    cells: list = []
+    for start in range(0, count, width):
+        cells.extend(st.columns(width)[: count - start])
+    return cells

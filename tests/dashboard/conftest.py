@@ -1,0 +1,60 @@
+"""Fixtures of the dashboard tests: real runs from a short ``moestab.train.train``, and AppTest apps."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+APP = REPO / "dashboard" / "app.py"
+PAGES = {  # page file -> title it shows
+    "app_pages/runs.py": "Runs",
+    "app_pages/training.py": "Training",
+    "app_pages/volatility.py": "Routing volatility",
+    "app_pages/ratios.py": "Ratios",
+    "app_pages/attribution.py": "Attribution",
+    "app_pages/experts.py": "Experts",
+}
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory) -> Path:
+    """A runs folder with two finished 6-step runs of the tiny task: replay off and R2 (``old``)."""
+    from moestab.train import train
+    from tests.train.helpers import tiny_config
+
+    cache = tmp_path_factory.mktemp("moestab-cache")
+    root = tmp_path_factory.mktemp("runs")
+    for name, replay in (("gspo-off", "off"), ("gspo-r2", "old")):
+        result = train(tiny_config(root / name, cache, steps=6, save_every=6, eval_every=2, routing_replay=replay))
+        assert result.status == "finished", result
+    return root
+
+
+@pytest.fixture
+def runs_copy(trained_runs: Path, tmp_path: Path) -> Path:
+    """A private copy of :func:`trained_runs` (without checkpoints) that a test may damage."""
+    root = tmp_path / "runs"
+    shutil.copytree(trained_runs, root, ignore=shutil.ignore_patterns("checkpoints", "state"))
+    return root
+
+
+@pytest.fixture
+def make_app(monkeypatch: pytest.MonkeyPatch):
+    """``make_app(runs_dir)``: an AppTest of dashboard/app.py started as ``streamlit run app.py -- runs_dir``.
+
+    AppTest runs the script in this process, so ``sys.argv`` (what the app reads the folder from) is
+    set here, and ``$MOESTAB_RUNS`` removed so that it cannot interfere.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv("MOESTAB_RUNS", raising=False)
+
+    def make(runs_dir: Path | None):
+        monkeypatch.setattr(sys, "argv", [str(APP), *([str(runs_dir)] if runs_dir is not None else [])])
+        return AppTest.from_file(str(APP), default_timeout=120)
+
+    return make

@@ -1,0 +1,241 @@
+"""Every dashboard page under Streamlit's AppTest, on real runs, an empty folder and damaged runs.
+
+AppTest runs dashboard/app.py in this process (no browser): it checks what each page renders, that
+no exception or error box appears for good runs, and that one bad run leaves the others working.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.dashboard.conftest import PAGES
+
+RUNS_PAGE = "app_pages/runs.py"
+
+
+def open_page(at, page: str):
+    """Run the app (the Runs page is the default) and go to ``page``."""
+    at.run()
+    if page != RUNS_PAGE:
+        at.switch_page(page).run()
+    return at
+
+
+def chart_alts(at) -> list[str]:
+    """Accessible names of the chart images on the page (every figure is shown with one)."""
+    return [img.alt for element in at.get("image") for img in element.proto.imgs]
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def assert_clean(at) -> None:
+    assert not at.exception, texts(at.exception)
+    assert not at.error, texts(at.error)
+    assert not at.warning, texts(at.warning)
+
+
+# Charts each page must show for the two real runs (substrings of the images' accessible names).
+EXPECTED_CHARTS = {
+    "app_pages/training.py": [
+        "Reward (mean over the rollout batch) against step",
+        "Eval accuracy",
+        "Response length (mean) against step",
+        "Policy loss (mean over minibatches) against step",
+        "KL(pi_old ‖ pi_new)",
+        "Gradient norm (before clipping) against step",
+        "Clipped fraction (tokens) against step",
+    ],
+    "app_pages/volatility.py": [
+        "Heatmap of routing change old_new by layer and step for gspo-off",
+        "Heatmap of routing change rollout_old by layer and step for gspo-off",
+        "Heatmap of routing change old_new by layer and step for gspo-r2",
+        "old → new (trainer, free routing) by step",
+        "rollout → trainer (pi_old, free routing) by step",
+        "update → old (update forward vs pi_old) by minibatch",
+        "old → new (trainer, free routing) by position",
+    ],
+    "app_pages/ratios.py": [
+        "Histogram of log_w per run",
+        "Histogram of log_s per run",
+        "Clipped tokens by step",
+        "Variance of log w (over tokens) by response length",
+    ],
+    "app_pages/attribution.py": [
+        "Mean |log w| of flipped and unflipped tokens per run",
+        "Clipped share of flipped and unflipped tokens per run",
+        "Router flip rate against router margin per run",
+    ],
+    "app_pages/experts.py": [
+        "Heatmap of expert load by layer for gspo-off",
+        "Load entropy per layer against step for gspo-r2",
+        "Co-activation matrix of layer 0 for gspo-off",
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", list(PAGES))
+def test_page_renders_real_runs(make_app, trained_runs: Path, page: str) -> None:
+    at = open_page(make_app(trained_runs), page)
+    assert_clean(at)
+    assert [t.value for t in at.title] == [PAGES[page]]
+    alts = chart_alts(at)
+    for expected in EXPECTED_CHARTS.get(page, []):
+        assert any(expected in alt for alt in alts), f"no chart {expected!r} among {alts}"
+    if page == RUNS_PAGE:
+        table = at.dataframe[0].value
+        assert list(table["run"]) == ["gspo-off", "gspo-r2"]
+        assert list(table["status"]) == ["finished", "finished"]
+        assert list(table["replay"]) == ["off", "R2"]
+        assert list(table["steps"]) == ["6 / 6", "6 / 6"]
+        assert table["final_accuracy"].notna().all()
+        # Every readable run is selected at first.
+        assert len(at.multiselect(key="moestab_select_widget").value) == 2
+    if page == "app_pages/volatility.py":
+        note = texts(at.info)
+        assert "old → new is always measured with free routing" in note
+        assert "it equals the replayed routes" in note
+        replay = at.dataframe[0].value
+        assert "replayed routes_old (R2)" in replay.loc[replay["run"] == "gspo-r2", "update forward used"].item()
+    if page in ("app_pages/ratios.py", "app_pages/attribution.py", "app_pages/experts.py"):
+        assert at.dataframe, "the page shows its numbers as a table too"
+
+
+@pytest.mark.slow
+def test_selection_is_kept_and_used_by_other_pages(make_app, trained_runs: Path) -> None:
+    at = make_app(trained_runs).run()
+    at.multiselect(key="moestab_select_widget").set_value([str(trained_runs / "gspo-off")]).run()
+    assert at.session_state["moestab_selected_runs"] == [str(trained_runs / "gspo-off")]
+    at.switch_page("app_pages/training.py").run()
+    labels = texts(at.markdown)
+    assert "**gspo-off**" in labels and "**gspo-r2**" not in labels  # the raw-metrics sections
+    at.switch_page("app_pages/volatility.py").run()
+    alts = chart_alts(at)
+    assert any("for gspo-off" in alt for alt in alts) and not any("gspo-r2" in alt for alt in alts)
+    # Back on the Runs page the widget shows the kept selection.
+    at.switch_page(RUNS_PAGE).run()
+    assert at.multiselect(key="moestab_select_widget").value == [str(trained_runs / "gspo-off")]
+    # Nothing selected: the pages point back to the Runs page instead of drawing.
+    at.multiselect(key="moestab_select_widget").set_value([]).run()
+    at.switch_page("app_pages/ratios.py").run()
+    assert "No run selected" in texts(at.info)
+    assert not chart_alts(at)
+    assert not at.exception
+
+
+@pytest.mark.slow
+def test_damaged_runs_are_reported_and_the_good_run_still_renders(make_app, runs_copy: Path) -> None:
+    good = "gspo-r2"
+    # A truncated per-token table in one run ...
+    table = runs_copy / "gspo-off" / "tokens" / "step_000002.parquet"
+    table.write_bytes(table.read_bytes()[: table.stat().st_size // 2])
+    # ... a run.json that is not JSON ...
+    (runs_copy / "broken").mkdir()
+    (runs_copy / "broken" / "run.json").write_text('{"schema_version": 1, "status": "fin')
+    # ... and a run that has just started: running, no metrics and no tokens yet.
+    partial = runs_copy / "partial"
+    partial.mkdir()
+    started = json.loads((runs_copy / good / "run.json").read_text())
+    started.update(status="running", last_step=None)
+    started.pop("final", None)
+    (partial / "run.json").write_text(json.dumps(started))
+
+    at = make_app(runs_copy).run()
+    assert not at.exception, texts(at.exception)
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["broken", "status"] == "unreadable"
+    assert "broken/run.json" in table.loc["broken", "problem"]
+    assert table.loc["partial", "status"] == "running"
+    assert table.loc[good, "status"] == "finished"
+    assert "broken/run.json" in texts(at.error)
+    assert "step_000002.parquet" in texts(at.warning)
+    # Compare all four on every page.
+    at.multiselect(key="moestab_select_widget").set_value([str(p) for p in sorted(runs_copy.iterdir())]).run()
+    for page in PAGES:
+        if page == RUNS_PAGE:
+            continue
+        at.switch_page(page).run()
+        assert not at.exception, (page, texts(at.exception))
+        assert [t.value for t in at.title] == [PAGES[page]]
+        assert "broken" in texts(at.error) and "not valid JSON" in texts(at.error), page
+        assert "**partial**" in texts(at.info) and "yet (the run is still running)" in texts(at.info), page
+        if page != "app_pages/training.py":  # the training curves come from metrics.jsonl, still whole
+            assert "step_000002.parquet" in texts(at.warning), page
+        assert any(good in alt or "per run" in alt or "against step" in alt for alt in chart_alts(at)), page
+
+
+@pytest.mark.slow
+def test_a_changed_run_is_reloaded_without_refresh(make_app, runs_copy: Path) -> None:
+    """Cache keys hold file times and sizes: a run that gains its first step shows it on the next rerun."""
+    run = runs_copy / "gspo-off"
+    metrics = run / "metrics.jsonl"
+    saved = metrics.read_text()
+    metrics.unlink()
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "status": "running"}))
+    shutil.rmtree(run / "tokens")
+
+    at = make_app(runs_copy).run()
+    at.switch_page("app_pages/training.py").run()
+    assert "**gspo-off**: no completed step yet" in texts(at.info)
+    metrics.write_text(saved)
+    at.run()
+    assert "no completed step" not in texts(at.info)
+    assert "**gspo-off**" in texts(at.markdown)
+    # The Refresh button empties the caches and redraws; auto-refresh starts its watcher.
+    at.sidebar.button[0].click().run()
+    assert not at.exception and "**gspo-off**" in texts(at.markdown)
+    at.sidebar.toggle(key="moestab_auto_refresh").set_value(True).run()
+    assert not at.exception
+    assert at.sidebar.select_slider(key="moestab_every").value == 10
+
+
+@pytest.mark.slow
+def test_app_only_reads_run_folders(make_app, runs_copy: Path) -> None:
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {
+            str(p.relative_to(runs_copy)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(runs_copy.rglob("*"))
+        }
+
+    before = snapshot()
+    at = make_app(runs_copy)
+    for page in PAGES:
+        open_page(at, page)
+        assert not at.exception, page
+    assert snapshot() == before
+
+
+def test_empty_folder_says_so_on_every_page(make_app, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    at = make_app(empty).run()
+    for page in PAGES:
+        if page != RUNS_PAGE:
+            at.switch_page(page).run()
+        assert not at.exception and not at.error, (page, texts(at.exception), texts(at.error))
+        assert [t.value for t in at.title] == [PAGES[page]]
+        assert "No runs in" in texts(at.info), page
+        assert not chart_alts(at)
+
+
+def test_missing_folder_says_so(make_app, tmp_path: Path) -> None:
+    at = make_app(tmp_path / "nowhere").run()
+    assert not at.exception
+    assert "does not exist" in texts(at.warning)
+    at.switch_page("app_pages/training.py").run()
+    assert "does not exist" in texts(at.warning)
+
+
+def test_runs_folder_from_environment(make_app, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = make_app(None)  # no folder after `--`
+    monkeypatch.setenv("MOESTAB_RUNS", str(tmp_path))
+    at.run()
+    assert at.sidebar.text_input(key="moestab_runs_dir").value == str(tmp_path)
+    assert f"No runs in `{tmp_path}`" in texts(at.info)

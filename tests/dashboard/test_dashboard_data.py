@@ -1,0 +1,200 @@
+"""moestab.analysis.dashboard_data: hand-worked cases and cross-checks against the whole-array analyzers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from moestab.analysis import NotARunError, RunFileError
+from moestab.analysis.dashboard_data import (
+    find_runs,
+    run_coactivation,
+    run_fingerprint,
+    run_overview,
+    shared_histograms,
+)
+from moestab.analysis.experts import coactivation
+from moestab.analysis.ratios import histogram
+from moestab.records import schema
+
+
+def write_run_json(folder: Path, **extra) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {
+        "schema_version": 1,
+        "status": "finished",
+        "config": {"algo": "gspo", "routing_replay": "off", "steps": 4},
+        "model": {"family": "qwen3_moe", "num_layers": 2, "num_experts": 4, "top_k": 2, "recorded_layers": [0, 1]},
+        "last_step": 2,
+        "updated": "2025-01-01T00:00:00+00:00",
+        **extra,
+    }
+    (folder / schema.RUN_JSON).write_text(json.dumps(body))
+    return folder
+
+
+def write_routes(run: Path, step: int, routes: np.ndarray) -> None:
+    """A per-token table with only the ``routes_old`` column, ``routes`` ``[rows, layers, top_k]``."""
+    (run / schema.TOKENS_DIR).mkdir(exist_ok=True)
+    flat = pa.array(routes.reshape(-1).astype(np.int16), type=pa.int16())
+    column = pa.FixedSizeListArray.from_arrays(flat, routes.shape[1] * routes.shape[2])
+    table = pa.table({schema.COL_ROUTES_OLD: column, schema.COL_STEP: pa.array(np.full(len(routes), step, np.int32))})
+    pq.write_table(table, run / schema.tokens_file(step), row_group_size=2)
+
+
+# -- find_runs ------------------------------------------------------------------------------------
+
+
+def test_find_runs_lists_run_folders_without_entering_them(tmp_path: Path) -> None:
+    a = write_run_json(tmp_path / "a")
+    b = write_run_json(tmp_path / "sweep" / "b")
+    deep = write_run_json(tmp_path / "x" / "y" / "z" / "too-deep")  # depth 4 > max_depth 3
+    write_run_json(a / "tokens" / "inner")  # inside a run: never a run of its own
+    write_run_json(tmp_path / ".hidden")
+    (tmp_path / "not-a-run").mkdir()
+    assert find_runs(tmp_path) == [a, b]
+    assert find_runs(tmp_path, max_depth=4) == [a, b, deep]
+    assert find_runs(tmp_path, max_depth=1) == [a]
+    assert find_runs(a) == [a]  # a run folder given directly
+
+
+def test_find_runs_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        find_runs(tmp_path / "missing")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        find_runs(tmp_path / "file")
+    assert find_runs(tmp_path) == []
+
+
+# -- run_fingerprint ------------------------------------------------------------------------------
+
+
+def test_fingerprint_changes_with_every_file_read(tmp_path: Path) -> None:
+    run = write_run_json(tmp_path / "run")
+    first = run_fingerprint(run)
+    assert [name for name, _, _ in first] == ["run.json"]
+    (run / schema.METRICS_JSONL).write_text('{"step": 1}\n')
+    second = run_fingerprint(run)
+    assert [name for name, _, _ in second] == ["metrics.jsonl", "run.json"]
+    with (run / schema.METRICS_JSONL).open("a") as f:  # a new step: size changes
+        f.write('{"step": 2}\n')
+    third = run_fingerprint(run)
+    assert third != second
+    # Same size, new time (a rewritten run.json) also counts.
+    stat = (run / schema.RUN_JSON).stat()
+    os.utime(run / schema.RUN_JSON, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert run_fingerprint(run) != third
+    write_routes(run, 1, np.zeros((2, 2, 2), np.int16))
+    assert "tokens/step_000001.parquet" in [name for name, _, _ in run_fingerprint(run)]
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "x").write_text("not read by the analyzers")
+    assert run_fingerprint(run) == run_fingerprint(run)
+
+
+# -- run_overview ---------------------------------------------------------------------------------
+
+
+def test_run_overview_adds_planned_steps_time_and_error(tmp_path: Path) -> None:
+    run = write_run_json(tmp_path / "run", status="failed", error="CUDA out of memory")
+    (run / schema.METRICS_JSONL).write_text('{"step": 1, "routing/old_new/changed": 0.5}\n')
+    row = run_overview(run)
+    assert row["planned_steps"] == 4
+    assert row["updated"] == "2025-01-01T00:00:00+00:00"
+    assert row["error"] == "CUDA out of memory"
+    assert row["status"] == "failed"
+    assert row["steps"] == 2  # run.json last_step
+    assert row["old_new_changed"] == 0.5
+
+
+def test_run_overview_of_unusable_runs(tmp_path: Path) -> None:
+    with pytest.raises(NotARunError):
+        run_overview(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / schema.RUN_JSON).write_text("{")
+    with pytest.raises(RunFileError, match=r"run\.json"):
+        run_overview(bad)
+    odd = write_run_json(tmp_path / "odd", config={"steps": True}, updated=5)
+    (odd / schema.METRICS_JSONL).write_text("")
+    row = run_overview(odd)
+    assert row["planned_steps"] is None and row["updated"] is None and row["error"] is None
+
+
+# -- run_coactivation -----------------------------------------------------------------------------
+
+
+def test_run_coactivation_hand_worked(tmp_path: Path) -> None:
+    run = write_run_json(tmp_path / "run")
+    # Layer 0 decisions: {0,1}, {0,2} in step 1; {2,1} and one unrecorded in step 2 (4 experts).
+    write_routes(run, 1, np.array([[[0, 1], [3, 2]], [[2, 0], [3, 2]]]))
+    write_routes(run, 2, np.array([[[2, 1], [1, 0]], [[-1, 3], [1, 0]]]))
+    c = run_coactivation(run, 0)
+    # N(0)=2, N(1)=2, N(2)=2, N(3)=0; N(0,1)=1, N(0,2)=1, N(1,2)=1.
+    expected = np.array(
+        [
+            [1.0, 0.5, 0.5, 0.0],
+            [0.5, 1.0, 0.5, 0.0],
+            [0.5, 0.5, 1.0, 0.0],
+            [np.nan] * 4,  # expert 3 never chosen in layer 0 (its one slot was in an unrecorded decision)
+        ]
+    )
+    np.testing.assert_allclose(c, expected)
+    # Layer 1: {3,2} twice, {1,0} twice: experts pair up only with their partner.
+    c1 = run_coactivation(run, 1)
+    np.testing.assert_allclose(c1[3], [0, 0, 1, 1])
+    np.testing.assert_allclose(c1[0], [1, 1, 0, 0])
+
+
+def test_run_coactivation_streamed_equals_whole_array(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    run = write_run_json(tmp_path / "run")
+    parts = []
+    for step in (1, 2, 3):
+        routes = np.argsort(rng.random((37, 2, 4)), axis=2)[:, :, :2].astype(np.int16)  # [37, 2, 2] distinct
+        routes[rng.random(37) < 0.1, 1, 0] = -1
+        write_routes(run, step, routes)
+        parts.append(routes)
+    whole = np.concatenate(parts)
+    for layer in (0, 1):
+        np.testing.assert_allclose(run_coactivation(run, layer, batch_rows=5), coactivation(whole, 4, layer))
+
+
+def test_run_coactivation_without_tables_or_model(tmp_path: Path) -> None:
+    assert run_coactivation(write_run_json(tmp_path / "empty"), 0) is None
+    no_model = write_run_json(tmp_path / "no-model", model={})
+    with pytest.raises(ValueError, match="num_experts"):
+        run_coactivation(no_model, 0)
+
+
+# -- shared_histograms ----------------------------------------------------------------------------
+
+
+def test_shared_histograms_hand_worked() -> None:
+    # limit 1, 4 bins: [-1,-.5), [-.5,0), [0,.5), [.5,1]; outliers land in the end bins.
+    hists = shared_histograms({"a": np.array([-3.0, -0.2, 0.1, 0.2, np.nan]), "b": np.array([0.7])}, bins=4, limit=1)
+    a = hists[hists["run"] == "a"]
+    assert a["count"].tolist() == [1, 1, 2, 0]
+    np.testing.assert_allclose(a["share"], [0.25, 0.25, 0.5, 0.0])
+    b = hists[hists["run"] == "b"]
+    assert b["count"].tolist() == [0, 0, 0, 1]
+    assert (a["left"].to_numpy() == b["left"].to_numpy()).all()  # the same bins for every run
+
+
+def test_shared_histograms_default_limit_pools_runs() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0, 0.1, 500), rng.normal(0, 2.0, 500)
+    hists = shared_histograms({"a": a, "b": b}, bins=10)
+    # The pooled limit is what `histogram` picks for the pooled values.
+    pooled = histogram(np.concatenate([a, b]), 10)
+    np.testing.assert_allclose(hists[hists["run"] == "a"]["left"], pooled["left"])
+    assert hists.groupby("run")["count"].sum().tolist() == [500, 500]
+    empty = shared_histograms({"none": np.array([np.nan])}, bins=3)
+    assert empty["count"].sum() == 0 and empty["share"].isna().all()
+    assert list(shared_histograms({}).columns) == ["run", "left", "right", "count", "share"]
