@@ -14,8 +14,8 @@ Measured, all on CPU float32 with the same saved weights (the embedded tiny Qwen
    preset's clip), ``scale_rewards="group"``, ``beta=0`` (no reference model), ``router_aux_loss_coef=0``
    (moestab adds no load-balancing loss), ``gradient_checkpointing=False``, ``bf16=False``, same lr /
    max grad norm, constant lr, no vLLM, no logging / saving / eval. Its reward wraps ``task.reward``.
-   TRL keeps its own defaults elsewhere (e.g. fused AdamW; moestab builds ``torch.optim.AdamW`` with
-   torch's default implementation). With ``steps_per_generation=4`` and one gradient-accumulation
+   Both use fused AdamW (TRL's default; moestab's ``build_optimizer``). With ``steps_per_generation=4``
+   and one gradient-accumulation
    step TRL also computes pi_old log-probs in a no-grad forward, as moestab does.
 
    How the two are timed, interleaved: TRL runs ``max_steps = minibatches * (rounds + 1)`` global
@@ -38,7 +38,8 @@ Measured, all on CPU float32 with the same saved weights (the embedded tiny Qwen
    backward (as the updates run); rollout ``model.generate`` inside a ``RoutingRecorder`` (as
    ``HFRolloutEngine`` uses it, routes read out) against the same call without it, same seed; an
    update forward + backward replaying pi_old's routes (R2's update) against a free one; and the
-   AdamW step as moestab builds it against ``fused=True`` (TRL's default). These are interleaved
+   AdamW step with torch's default (per-tensor) implementation against ``fused=True``, the one both
+   trainers use. These are interleaved
    round by round with the contender order rotated. ``--profile`` adds a cProfile of one more step.
 
 Every ratio is median(contender) / median(baseline) over the rounds; single timings are never
@@ -77,6 +78,7 @@ from moestab.routing import RoutingRecorder, find_routers
 from moestab.tasks import Example, Task, task_from_spec
 from moestab.train.batch import RolloutBatch
 from moestab.train.forward import chunked_policy_forward, policy_forward
+from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, StepTensors, run_step, step_examples, step_seed
 from moestab.train.step_metrics import routing_metrics
@@ -147,8 +149,8 @@ class MoestabRunner:
         s = self.setup
         self.model = load_policy(s.policy_path)
         tokenizer = AutoTokenizer.from_pretrained(s.policy_path)
-        # As moestab.train.loop.train: AdamW(lr, weight_decay=0.0), torch's default implementation.
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=s.lr, weight_decay=0.0)
+        # As moestab.train.loop.train builds it.
+        self.optimizer = build_optimizer(self.model.parameters(), lr=s.lr, weight_decay=0.0)
         self.optimizer.register_step_post_hook(self._count_optimizer_step)
         self.engine = HFRolloutEngine(self.model, tokenizer)
         preset = rl.get_preset(s.algo)
@@ -404,7 +406,7 @@ PROFILE_ROWS = (
     ("moestab/train/forward.py", "chunked_policy_forward", "chunked_policy_forward (pi_old + pi_new, no grad)"),
     ("moestab/train/forward.py", "policy_forward", "policy_forward (all trainer forwards)"),
     ("torch/_tensor.py", "backward", "backward"),
-    ("torch/optim/adam.py", "adam", "AdamW step (torch default: single-tensor on CPU)"),
+    ("torch/optim/adam.py", "adam", "AdamW step (fused, as build_optimizer makes it)"),
     ("torch/nn/utils/clip_grad.py", "clip_grad_norm_", "clip_grad_norm_"),
     ("moestab/train/step_metrics.py", "routing_metrics", "routing_metrics (step metrics)"),
     ("moestab/analysis/volatility.py", "route_volatility", "  of which route_volatility (pandas tables)"),
@@ -485,7 +487,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="max completion length (default: moestab train's, the task's longest answer + 1)")
     parser.add_argument("--trl-optim", default="adamw_torch_fused",
-                        help="TRL's optim (default: its own default, fused AdamW; 'adamw_torch' = moestab's)")
+                        help="TRL's optim (default: fused AdamW, like moestab; 'adamw_torch' = per-tensor)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one moestab step (replay off)")
     args = parser.parse_args()
     if args.quick:
@@ -551,7 +553,7 @@ def main() -> None:
          micro["fwdbwd_replay"], micro["fwdbwd_rec"]),
         (f"rollout `model.generate` ({setup.batch} seqs) with vs without `RoutingRecorder`",
          micro["gen_rec"], micro["gen_plain"]),
-        ("AdamW step: moestab's `torch.optim.AdamW()` vs `fused=True` (TRL's default)",
+        ("AdamW step: torch's default per-tensor `AdamW()` vs `fused=True` (what both trainers use)",
          micro["adamw_default"], micro["adamw_fused"]),
     ]
     for label, contender, baseline in rows:

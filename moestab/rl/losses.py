@@ -26,8 +26,11 @@ as ``compute_clipped_mask``. All computation runs in ``promote_types(logp.dtype,
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -222,6 +225,21 @@ def _finish(
 # --------------------------------------------------------------------------------------------------------------
 
 
+LossAndMetrics = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+def _loss_and_metrics(parts_fn: Callable[..., LossParts]) -> Callable[..., LossAndMetrics]:
+    """The registered form of a loss: ``parts_fn`` returning ``(loss, metrics)`` (same arguments and docs)."""
+
+    @functools.wraps(parts_fn)
+    def loss_fn(*args: Any, **kwargs: Any) -> LossAndMetrics:
+        parts = parts_fn(*args, **kwargs)
+        return parts.loss, parts.metrics
+
+    loss_fn.__name__ = loss_fn.__qualname__ = parts_fn.__name__.removesuffix("_parts")
+    return loss_fn
+
+
 def policy_loss_parts(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -236,30 +254,6 @@ def policy_loss_parts(
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
 ) -> LossParts:
-    """``policy_loss`` plus the per-token clipped flags; see ``policy_loss``."""
-    inp = _prepare(logp, old_logp, advantages, mask)
-    _check_level(level, LEVELS, "ppo-clip")
-    _check_common(clip_low, clip_high, aggregation, norm_constant, kl_coef, ref_logp, inp.logp.shape)
-    terms, flags = _clipped_surrogate_terms(inp, level=level, clip_low=clip_low, clip_high=clip_high)
-    return _finish(
-        inp, terms, flags, aggregation=aggregation, norm_constant=norm_constant, kl_coef=kl_coef, ref_logp=ref_logp
-    )
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    level: str,
-    clip_low: float,
-    clip_high: float,
-    aggregation: str,
-    norm_constant: float | None = None,
-    kl_coef: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-style clipped surrogate (registered as ``ppo-clip``), at the token, sequence or sequence-token level.
 
     Per unit with ratio ``r`` and advantage ``A`` the loss term is ``-min(r A, clip(r, 1 - clip_low,
@@ -288,22 +282,19 @@ def policy_loss(
         ref_logp: ``[batch, seq]`` reference-policy log-probs (required when ``kl_coef > 0``).
 
     Returns:
-        ``(loss, metrics)``: 0-dim loss, and the metrics of docs/objectives.md.
+        ``LossParts(loss, metrics, clipped)``: 0-dim loss, the metrics of docs/objectives.md and the per-token
+        clipped flags; the registered ``policy_loss`` returns ``(loss, metrics)``.
     """
-    parts = policy_loss_parts(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        level=level,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        aggregation=aggregation,
-        norm_constant=norm_constant,
-        kl_coef=kl_coef,
-        ref_logp=ref_logp,
+    inp = _prepare(logp, old_logp, advantages, mask)
+    _check_level(level, LEVELS, "ppo-clip")
+    _check_common(clip_low, clip_high, aggregation, norm_constant, kl_coef, ref_logp, inp.logp.shape)
+    terms, flags = _clipped_surrogate_terms(inp, level=level, clip_low=clip_low, clip_high=clip_high)
+    return _finish(
+        inp, terms, flags, aggregation=aggregation, norm_constant=norm_constant, kl_coef=kl_coef, ref_logp=ref_logp
     )
-    return parts.loss, parts.metrics
+
+
+policy_loss = _loss_and_metrics(policy_loss_parts)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -325,35 +316,6 @@ def cispo_loss_parts(
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
 ) -> LossParts:
-    """``cispo_loss`` plus the per-token clipped flags; see ``cispo_loss``."""
-    inp = _prepare(logp, old_logp, advantages, mask)
-    _check_level(level, ("token",), "cispo")
-    _check_common(clip_low, clip_high, aggregation, norm_constant, kl_coef, ref_logp, inp.logp.shape)
-    w = token_ratios(inp.logp, inp.old_logp, inp.mask)  # [batch, seq]
-    weight = w.clamp(1.0 - clip_low, 1.0 + clip_high).detach()  # [batch, seq]
-    terms = -weight * inp.adv_token * masked_fill_zero(inp.logp, inp.mask)  # [batch, seq]
-    low = w.detach() < 1.0 - clip_low  # [batch, seq]
-    high = w.detach() > 1.0 + clip_high  # [batch, seq]
-    flags = ClipFlags.from_tokens(low, high, inp.mask)
-    return _finish(
-        inp, terms, flags, aggregation=aggregation, norm_constant=norm_constant, kl_coef=kl_coef, ref_logp=ref_logp
-    )
-
-
-def cispo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    level: str,
-    clip_low: float,
-    clip_high: float,
-    aggregation: str,
-    norm_constant: float | None = None,
-    kl_coef: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update.
 
     ``J = 1/sum|y| sum_{i,t} sg(clip(w[i,t], 1 - clip_low, 1 + clip_high)) A log pi(y_t)`` (with the
@@ -368,20 +330,21 @@ def cispo_loss(
 
     Arguments and return value as ``policy_loss``.
     """
-    parts = cispo_loss_parts(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        level=level,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        aggregation=aggregation,
-        norm_constant=norm_constant,
-        kl_coef=kl_coef,
-        ref_logp=ref_logp,
+    inp = _prepare(logp, old_logp, advantages, mask)
+    _check_level(level, ("token",), "cispo")
+    _check_common(clip_low, clip_high, aggregation, norm_constant, kl_coef, ref_logp, inp.logp.shape)
+    w = token_ratios(inp.logp, inp.old_logp, inp.mask)  # [batch, seq]
+    weight = w.clamp(1.0 - clip_low, 1.0 + clip_high).detach()  # [batch, seq]
+    terms = -weight * inp.adv_token * masked_fill_zero(inp.logp, inp.mask)  # [batch, seq]
+    low = w.detach() < 1.0 - clip_low  # [batch, seq]
+    high = w.detach() > 1.0 + clip_high  # [batch, seq]
+    flags = ClipFlags.from_tokens(low, high, inp.mask)
+    return _finish(
+        inp, terms, flags, aggregation=aggregation, norm_constant=norm_constant, kl_coef=kl_coef, ref_logp=ref_logp
     )
-    return parts.loss, parts.metrics
+
+
+cispo_loss = _loss_and_metrics(cispo_loss_parts)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -403,7 +366,20 @@ def gmpo_loss_parts(
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
 ) -> LossParts:
-    """``gmpo_loss`` plus the per-token clipped flags; see ``gmpo_loss``."""
+    """GMPO (Geometric-Mean Policy Optimization, arXiv 2507.20673).
+
+    ``J = 1/G sum_i sgn(A_i) (prod_t |min(w_it A_i, clip(w_it) A_i)|) ** (1/|y_i|)``
+    ``  = 1/G sum_i A_i exp(mean_t sgn(A_i) min(sgn(A_i) log w_it, sgn(A_i) clip(log w_it, -clip_low, clip_high)))``
+
+    i.e. each token's ratio is clipped in log space (``w`` to ``[e^-clip_low, e^clip_high]``) on the side that
+    matters for the sign of ``A_i`` (PPO's pessimism), and the sequence uses the geometric mean of the
+    token ratios. The per-sequence term is broadcast to its tokens; ``seq-mean-token-mean`` gives ``1/G sum_i``.
+
+    ``level`` must be ``"token"`` (clipping is per token); advantages must be per sequence ``[batch]``.
+    Clipped tokens (zero gradient): ``log w > clip_high`` with ``A > 0``, ``log w < -clip_low`` with ``A < 0``.
+
+    Arguments and return value as ``policy_loss`` (``clip_low``/``clip_high`` are log-space bounds, e.g. 0.4).
+    """
     inp = _prepare(logp, old_logp, advantages, mask)
     _check_level(level, ("token",), "gmpo")
     _check_common(clip_low, clip_high, aggregation, norm_constant, kl_coef, ref_logp, inp.logp.shape, log_space=True)
@@ -426,48 +402,7 @@ def gmpo_loss_parts(
     )
 
 
-def gmpo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    level: str,
-    clip_low: float,
-    clip_high: float,
-    aggregation: str,
-    norm_constant: float | None = None,
-    kl_coef: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GMPO (Geometric-Mean Policy Optimization, arXiv 2507.20673).
-
-    ``J = 1/G sum_i sgn(A_i) (prod_t |min(w_it A_i, clip(w_it) A_i)|) ** (1/|y_i|)``
-    ``  = 1/G sum_i A_i exp(mean_t sgn(A_i) min(sgn(A_i) log w_it, sgn(A_i) clip(log w_it, -clip_low, clip_high)))``
-
-    i.e. each token's ratio is clipped in log space (``w`` to ``[e^-clip_low, e^clip_high]``) on the side that
-    matters for the sign of ``A_i`` (PPO's pessimism), and the sequence uses the geometric mean of the
-    token ratios. The per-sequence term is broadcast to its tokens; ``seq-mean-token-mean`` gives ``1/G sum_i``.
-
-    ``level`` must be ``"token"`` (clipping is per token); advantages must be per sequence ``[batch]``.
-    Clipped tokens (zero gradient): ``log w > clip_high`` with ``A > 0``, ``log w < -clip_low`` with ``A < 0``.
-
-    Arguments and return value as ``policy_loss`` (``clip_low``/``clip_high`` are log-space bounds, e.g. 0.4).
-    """
-    parts = gmpo_loss_parts(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        level=level,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        aggregation=aggregation,
-        norm_constant=norm_constant,
-        kl_coef=kl_coef,
-        ref_logp=ref_logp,
-    )
-    return parts.loss, parts.metrics
+gmpo_loss = _loss_and_metrics(gmpo_loss_parts)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -492,7 +427,34 @@ def rspo_loss_parts(
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
 ) -> LossParts:
-    """``rspo_loss`` plus the per-token clipped flags; see ``rspo_loss``."""
+    """Router-shift-weighted clipped surrogate (after RSPO, arXiv 2510.23027).
+
+    What is implemented: the clipped surrogate of ``policy_loss`` at ``level``, with each token's loss term
+    multiplied by the router-shift weight ``gamma[i,t]`` (``moestab.rl.router_shift.router_shift_weights``;
+    stop-gradient, floored at ``gamma_min``) before aggregation:
+
+        loss = aggregate( gamma[i,t] * -min(r A, clip(r) A) ).
+
+    Why this form: ``gamma`` then acts purely as a per-token trust weight on the update, and the clip
+    decisions (hence the clip metrics and ``clipped`` flags) are exactly those of the base GRPO / GSPO
+    objective, so runs with and without router-shift weighting stay comparable. For an unclipped token at the
+    token level the gradient, ``gamma w A grad log pi``, is the same as rescaling the ratio to ``gamma w``.
+    Difference from the paper: RSPO's abstract (v2) rescales the importance ratio *before* clipping and its
+    headline variant builds on GMPO (geometric mean, token-level log-space clip); rescaling before clipping
+    also moves the clip boundaries (a token is clipped high at ``w > (1 + clip_high) / gamma`` instead of
+    ``w > 1 + clip_high``). That variant is not implemented here.
+
+    Extra arguments:
+        router_logp_new: ``[batch, seq, layers, top_k]`` current router log-probs of the experts chosen under
+            the old policy.
+        router_logp_old: ``[batch, seq, layers, top_k]`` old router log-probs of the same experts.
+        gamma_min: floor of ``gamma`` in ``[0, 1]``.
+
+    Extra metrics: ``rspo/gamma_mean``, ``rspo/gamma_min`` (over response tokens, after the floor) and
+    ``rspo/floor_frac`` (fraction of response tokens where the floor was active).
+
+    Other arguments and return value as ``policy_loss``; the KL penalty, if any, is not weighted by gamma.
+    """
     inp = _prepare(logp, old_logp, advantages, mask)
     _check_level(level, LEVELS, "rspo")
     _check_common(clip_low, clip_high, aggregation, norm_constant, kl_coef, ref_logp, inp.logp.shape)
@@ -526,65 +488,4 @@ def _token_min(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return values.min() if values.numel() else torch.full((), float("nan"), dtype=x.dtype, device=x.device)
 
 
-def rspo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    level: str,
-    clip_low: float,
-    clip_high: float,
-    aggregation: str,
-    router_logp_new: torch.Tensor,
-    router_logp_old: torch.Tensor,
-    gamma_min: float,
-    norm_constant: float | None = None,
-    kl_coef: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Router-shift-weighted clipped surrogate (after RSPO, arXiv 2510.23027).
-
-    What is implemented: the clipped surrogate of ``policy_loss`` at ``level``, with each token's loss term
-    multiplied by the router-shift weight ``gamma[i,t]`` (``moestab.rl.router_shift.router_shift_weights``;
-    stop-gradient, floored at ``gamma_min``) before aggregation:
-
-        loss = aggregate( gamma[i,t] * -min(r A, clip(r) A) ).
-
-    Why this form: ``gamma`` then acts purely as a per-token trust weight on the update, and the clip
-    decisions (hence the clip metrics and ``clipped`` flags) are exactly those of the base GRPO / GSPO
-    objective, so runs with and without router-shift weighting stay comparable. For an unclipped token at the
-    token level the gradient, ``gamma w A grad log pi``, is the same as rescaling the ratio to ``gamma w``.
-    Difference from the paper: RSPO's abstract (v2) rescales the importance ratio *before* clipping and its
-    headline variant builds on GMPO (geometric mean, token-level log-space clip); rescaling before clipping
-    also moves the clip boundaries (a token is clipped high at ``w > (1 + clip_high) / gamma`` instead of
-    ``w > 1 + clip_high``). That variant is not implemented here.
-
-    Extra arguments:
-        router_logp_new: ``[batch, seq, layers, top_k]`` current router log-probs of the experts chosen under
-            the old policy.
-        router_logp_old: ``[batch, seq, layers, top_k]`` old router log-probs of the same experts.
-        gamma_min: floor of ``gamma`` in ``[0, 1]``.
-
-    Extra metrics: ``rspo/gamma_mean``, ``rspo/gamma_min`` (over response tokens, after the floor) and
-    ``rspo/floor_frac`` (fraction of response tokens where the floor was active).
-
-    Other arguments and return value as ``policy_loss``; the KL penalty, if any, is not weighted by gamma.
-    """
-    parts = rspo_loss_parts(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        level=level,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        aggregation=aggregation,
-        router_logp_new=router_logp_new,
-        router_logp_old=router_logp_old,
-        gamma_min=gamma_min,
-        norm_constant=norm_constant,
-        kl_coef=kl_coef,
-        ref_logp=ref_logp,
-    )
-    return parts.loss, parts.metrics
+rspo_loss = _loss_and_metrics(rspo_loss_parts)

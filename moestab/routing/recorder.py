@@ -23,9 +23,7 @@ class _Frame:
     call: ForwardCall
     rows: torch.Tensor | None  # [kept] rows of the batch being recorded; None = all
     indices: list[torch.Tensor | None]  # per layer [kept, seq, top_k]
-    margin: list[torch.Tensor | None]  # per layer [kept, seq]
-    entropy: list[torch.Tensor | None]
-    logprobs: list[torch.Tensor | None]  # per layer [kept, seq, experts]
+    logits: list[torch.Tensor | None]  # per layer [kept, seq, experts], kept only when stats are asked
 
 
 @dataclass
@@ -137,7 +135,7 @@ class RoutingRecorder:
             self._segments.append(segment)
             self._rows_seen += call.batch
         n = len(self.sites)
-        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n, [None] * n, [None] * n)
+        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n)
         self._routes = None
 
     def _sample_rows(self, batch: int) -> torch.Tensor | None:
@@ -148,8 +146,6 @@ class RoutingRecorder:
         return torch.randperm(batch, generator=generator)[:keep].sort().values
 
     def _router_hook(self, ordinal: int, site: RouterSite):
-        adapter = site.adapter
-
         def hook(module: nn.Module, args: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
             frame = self._frame
             if frame is None:
@@ -163,24 +159,18 @@ class RoutingRecorder:
                     f"router {site.name} saw {chosen.shape[0]} tokens, expected batch*seq = {batch}*{seq}"
                 )
             rows = frame.rows
-            with torch.no_grad():
-                idx = chosen.view(batch, seq, -1)  # [batch, seq, top_k]
-                frame.indices[ordinal] = idx if rows is None else idx[rows.to(idx.device)]
-                if self.record_margin or self.record_entropy or self.record_logprobs:
-                    logits = logits.detach().view(batch, seq, -1)  # [batch, seq, experts]
-                    if rows is not None:
-                        logits = logits[rows.to(logits.device)]
-                if self.record_margin:
-                    frame.margin[ordinal] = _margin(adapter.selection_scores(module, logits.flatten(0, 1)),
-                                                    site.top_k).view(logits.shape[:2])
-                if self.record_entropy or self.record_logprobs:
-                    logp = torch.log_softmax(logits.float(), dim=-1)  # [kept, seq, experts]
-                    if self.record_entropy:
-                        frame.entropy[ordinal] = -(logp.exp() * logp).sum(-1)
-                    if self.record_logprobs:
-                        frame.logprobs[ordinal] = logp
+            idx = chosen.view(batch, seq, -1)  # [batch, seq, top_k]
+            frame.indices[ordinal] = idx if rows is None else idx[rows.to(idx.device)]
+            if self._wants_logits:
+                # Statistics are computed once per forward over all layers in _end (fewer kernel launches).
+                logits = logits.detach().view(batch, seq, -1)  # [batch, seq, experts]
+                frame.logits[ordinal] = logits if rows is None else logits[rows.to(logits.device)]
 
         return hook
+
+    @property
+    def _wants_logits(self) -> bool:
+        return self.record_margin or self.record_entropy or self.record_logprobs
 
     def _end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         frame, self._frame = self._frame, None
@@ -189,30 +179,55 @@ class RoutingRecorder:
         missing = [s.name for s, idx in zip(self.sites, frame.indices, strict=True) if idx is None]
         if missing:
             raise RecordingError(f"routers {missing} did not run in this forward")
-        indices = torch.stack(frame.indices, dim=2).to(INDEX_DTYPE)  # [kept, seq, layers, top_k]
-        mask = frame.call.attention_mask
-        pad = None
-        if mask is not None:
-            pad = ~(mask if frame.rows is None else mask[frame.rows.to(mask.device)])  # [kept, seq]
-            pad = pad.to(indices.device)
-            indices = indices.masked_fill(pad[:, :, None, None], -1)
-
-        def stacked(parts: list[torch.Tensor | None], axis: int) -> torch.Tensor | None:
-            if parts[0] is None:
-                return None
-            t = torch.stack(parts, dim=axis).float()
-            return t if pad is None else t.masked_fill(pad.view(*pad.shape, *([1] * (t.dim() - 2))), float("nan"))
-
+        with torch.no_grad():
+            indices = torch.stack(frame.indices, dim=2).to(INDEX_DTYPE)  # [kept, seq, layers, top_k]
+            mask = frame.call.attention_mask
+            pad = None
+            if mask is not None:
+                pad = ~(mask if frame.rows is None else mask[frame.rows.to(mask.device)])  # [kept, seq]
+                pad = pad.to(indices.device)
+                indices = indices.masked_fill(pad[:, :, None, None], -1)
+            margin = entropy = logprobs = None
+            if self._wants_logits:
+                margin, entropy, logprobs = self._stats(frame.logits, pad)
         self._segments[-1].frames.append(
             Routes(
                 indices=indices,
                 layers=tuple(s.layer for s in self.sites),
                 num_experts=self.sites[0].num_experts,
-                margin=stacked(frame.margin, 2),
-                entropy=stacked(frame.entropy, 2),
-                router_logprobs=stacked(frame.logprobs, 2),
+                margin=margin,
+                entropy=entropy,
+                router_logprobs=logprobs,
             )
         )
+
+    def _stats(
+        self, per_layer: list[torch.Tensor | None], pad: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Margin, entropy and log-softmax of all layers' router logits at once (NaN at padding)."""
+        logits = torch.stack(per_layer, dim=2).float()  # [kept, seq, layers, experts]
+        margin = entropy = logprobs = None
+        if self.record_margin:
+            scores = torch.stack(
+                [
+                    site.adapter.selection_scores(site.module, layer_logits.flatten(0, 1)).view_as(layer_logits)
+                    for site, layer_logits in zip(self.sites, per_layer, strict=True)
+                ],
+                dim=2,
+            )  # [kept, seq, layers, experts]
+            margin = _margin(scores, self.sites[0].top_k)  # [kept, seq, layers]
+        if self.record_entropy or self.record_logprobs:
+            logp = torch.log_softmax(logits, dim=-1)  # [kept, seq, layers, experts]
+            if self.record_entropy:
+                entropy = -(logp.exp() * logp).sum(-1)  # [kept, seq, layers]
+            if self.record_logprobs:
+                logprobs = logp
+        if pad is not None:
+            nan = float("nan")
+            margin = None if margin is None else margin.masked_fill(pad[:, :, None], nan)
+            entropy = None if entropy is None else entropy.masked_fill(pad[:, :, None], nan)
+            logprobs = None if logprobs is None else logprobs.masked_fill(pad[:, :, None, None], nan)
+        return margin, entropy, logprobs
 
     def _stitch(self, segment: _Segment) -> Routes:
         frames = segment.frames
@@ -236,8 +251,8 @@ class RoutingRecorder:
 
 
 def _margin(scores: torch.Tensor, top_k: int) -> torch.Tensor:
-    """``scores [N, E] -> [N]``: the k-th best score minus the (k+1)-th (NaN when k == E)."""
+    """``scores [..., E] -> [...]``: the k-th best score minus the (k+1)-th (NaN when k == E)."""
     if top_k >= scores.shape[-1]:
         return scores.new_full(scores.shape[:-1], float("nan"), dtype=torch.float)
-    top = scores.float().topk(top_k + 1, dim=-1).values  # [N, k+1]
-    return top[:, top_k - 1] - top[:, top_k]
+    top = scores.float().topk(top_k + 1, dim=-1).values  # [..., k+1]
+    return top[..., top_k - 1] - top[..., top_k]

@@ -47,6 +47,12 @@ class RoutingReplay:
                 f"routes name experts up to {int(routes.indices.max())} of {routes.num_experts}, "
                 f"the model has {num_experts} experts per layer (valid ids 0..{num_experts - 1})"
             )
+        # Checks that do not depend on the forward's padding run once here, off the forward path.
+        ordered = routes.indices.sort(dim=-1).values  # [batch, seq, layers, top_k]
+        repeated = ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)).any(-1).any(-1)
+        if bool(repeated.any()):
+            b, s = (int(v) for v in repeated.nonzero()[0])
+            raise RoutesMismatchError(f"a token routes twice to the same expert, first at [batch={b}, seq={s}]")
         self.routes = routes
         self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
         self._handles: list[RemovableHandle] = []
@@ -56,6 +62,7 @@ class RoutingReplay:
             raise RuntimeError("RoutingReplay is already active")
         device = next(self.model.parameters()).device
         self._indices = self.routes.indices.to(device=device, dtype=torch.long)  # [batch, seq, layers, top_k]
+        self._unrouted = (self._indices < 0).any(-1).any(-1)  # [batch, seq] positions without a route
         self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
         for ordinal, site in enumerate(self.sites):
             # prepend: a RoutingRecorder active at the same time sees the replayed routes.
@@ -83,18 +90,13 @@ class RoutingReplay:
             if call.attention_mask is None
             else call.attention_mask.to(indices.device)
         )  # [batch, seq]
-        missing = real & (indices < 0).any(-1).any(-1)  # [batch, seq]
+        missing = real & self._unrouted  # [batch, seq]
         if bool(missing.any()):
             b, s = (int(v) for v in missing.nonzero()[0])
             raise RoutesMismatchError(
                 f"{int(missing.sum())} real (unpadded) positions have no route, first at "
                 f"[batch={b}, seq={s}]; routes must cover every token with attention_mask 1"
             )
-        ordered = indices.sort(dim=-1).values  # [batch, seq, layers, top_k]
-        repeated = real & (ordered[..., 1:] == ordered[..., :-1]).any(-1).any(-1)
-        if bool(repeated.any()):
-            b, s = (int(v) for v in repeated.nonzero()[0])
-            raise RoutesMismatchError(f"a token routes twice to the same expert, first at [batch={b}, seq={s}]")
         forced = indices.masked_fill(~real[:, :, None, None], -1)
         self._forced = forced.flatten(0, 1)  # [batch*seq, layers, top_k]
 

@@ -32,10 +32,12 @@ def policy_forward(
     record: bool = True,
     router_logprobs: bool = False,
     entropy: bool = False,
+    router_stats: bool = False,
 ) -> PolicyForward:
     """Log-probs of ``batch``'s responses under ``model``; routes forced to ``replay`` when given.
 
-    ``entropy`` also returns the policy's token entropy and records the routers' entropy.
+    ``entropy`` also returns the policy's token entropy; ``router_stats`` records the routers'
+    margins and entropies with the routes (only pi_old's are kept in the run records).
 
     With both ``replay`` and ``record``, the recorded routes are the replayed ones (what was used).
     """
@@ -44,7 +46,7 @@ def policy_forward(
             stack.enter_context(RoutingReplay(model, replay))
         recorder = (
             stack.enter_context(
-                RoutingRecorder(model, margin=True, entropy=entropy, router_logprobs=router_logprobs)
+                RoutingRecorder(model, margin=router_stats, entropy=router_stats, router_logprobs=router_logprobs)
             )
             if record
             else None
@@ -79,6 +81,7 @@ def chunked_policy_forward(
     record: bool = True,
     router_logprobs: bool = False,
     entropy: bool = False,
+    router_stats: bool = False,
 ) -> PolicyForward:
     """``policy_forward`` over row ``chunks`` (the minibatches), reassembled in batch order.
 
@@ -88,7 +91,7 @@ def chunked_policy_forward(
     parts = [
         (rows, policy_forward(model, batch.select(rows), temperature=temperature,
                               replay=None if replay is None else replay.select(rows), record=record,
-                              router_logprobs=router_logprobs, entropy=entropy))
+                              router_logprobs=router_logprobs, entropy=entropy, router_stats=router_stats))
         for rows in chunks
     ]
     order = torch.cat([rows for rows, _ in parts])

@@ -97,12 +97,16 @@ def run_step(
     chunks = [rows.sort().values for rows in order.chunk(s.minibatches)]  # the minibatches
     fwd_args = {"temperature": s.temperature}
 
-    # pi_old: free forward (records the trainer's own routes); under R3 the ratio uses a replayed one.
+    # pi_old: the free forward records the trainer's own routes (and margins for the records). It runs
+    # in the update chunks when its log-probs enter the ratio; under R3 the ratio uses a replayed
+    # forward instead, so the free one (kept for the rollout->trainer mismatch) runs in one piece.
     with torch.no_grad():
-        old_free = chunked_policy_forward(model, batch, chunks, **fwd_args, router_logprobs=is_rspo, entropy=True)
-        old_used = old_free
+        free_args = {**fwd_args, "router_logprobs": is_rspo, "entropy": True, "router_stats": True}
         if s.replay == "rollout":
+            old_free = policy_forward(model, batch, **free_args)
             old_used = chunked_policy_forward(model, batch, chunks, **fwd_args, replay=batch.routes, record=False)
+        else:
+            old_free = old_used = chunked_policy_forward(model, batch, chunks, **free_args)
         ref_logp = None
         if s.kl_coef > 0:
             if ref_model is None:
