@@ -12,7 +12,6 @@ policy are recorded, so routing volatility is measured even when replay hides it
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -196,7 +195,3 @@ def step_seed(seed: int, step: int) -> int:
 
 def step_examples(task: Task, n: int, seed: int, step: int) -> list[Example]:
     return task.sample(n, random.Random(step_seed(seed, step)))
-
-
-def finite_or_none(value: float) -> float | None:
-    return value if isinstance(value, int | float) and math.isfinite(value) else None

@@ -113,3 +113,10 @@ def test_volume_controls_thin_the_tables_but_not_the_step_aggregates(tmp_path, c
     metrics = [json.loads((d / schema.METRICS_JSONL).read_text().splitlines()[0]) for d in (full, thin)]
     assert metrics[0]["routing/old_new/changed"] == metrics[1]["routing/old_new/changed"]
     assert metrics[0]["loss/count/tokens"] == metrics[1]["loss/count/tokens"]
+
+
+def test_bfloat16_run_writes_valid_records(tmp_path, cache_dir):
+    result = train(tiny_config(tmp_path / "run", cache_dir, dtype="bfloat16"), log=lambda s: None)
+    check_run(result.run_dir, 2, "gspo", "off")
+    config = json.loads((result.run_dir / schema.checkpoint_dir(2) / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
