@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from moestab.records import schema
 from moestab.rl import PRESETS
@@ -120,3 +121,28 @@ def test_bfloat16_run_writes_valid_records(tmp_path, cache_dir):
     check_run(result.run_dir, 2, "gspo", "off")
     config = json.loads((result.run_dir / schema.checkpoint_dir(2) / "config.json").read_text())
     assert config["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("family", ["olmoe", "deepseek_v3"])
+def test_training_a_local_checkpoint_of_another_family(tmp_path, family):
+    from transformers import AutoModelForCausalLM
+
+    from moestab.models import build_char_tokenizer, save_policy, tiny_config
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size=len(tokenizer), num_moe_layers=2))
+    save_policy(model, tokenizer, tmp_path / "base")
+    result = train(
+        tiny_config_for(tmp_path, model=str(tmp_path / "base"), routing_replay="old", steps=1), log=lambda s: None
+    )
+    info = json.loads((result.run_dir / schema.RUN_JSON).read_text())
+    assert result.status == "finished" and info["model"]["family"] == family
+    table = pq.read_table(result.run_dir / schema.tokens_file(1)).to_pandas()
+    first = table[table.minibatch == 0]
+    assert (first.log_w == 0.0).all()  # R2 on this family too: exact ratio 1 before the first update
+    assert np.array_equal(np.stack(first.routes_update), np.stack(first.routes_old))
+
+
+def tiny_config_for(tmp_path, **overrides):
+    return tiny_config(tmp_path / "run", tmp_path / "cache", **overrides)
