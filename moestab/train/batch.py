@@ -39,10 +39,6 @@ class RolloutBatch:
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
 
-    @property
-    def response_len(self) -> int:
-        return self.targets.shape[1]
-
     def response_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """``[B, L, V]`` trainer logits -> ``[B, T, V]`` logits of the response positions."""
         return logits[:, self.prompt_len - 1 :]

@@ -191,7 +191,6 @@ def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResu
                     log(f"\ninterrupted: saved step {step}; continue with --resume --out {run_dir}")
                     break
             else:
-                status = schema.STATUS_FINISHED
                 final_accuracy = metrics.get("eval/accuracy") if config.steps > start_step else evaluate()
         except NonFiniteLossError as exc:
             last_good = complete_checkpoints(run_dir)[-1]
