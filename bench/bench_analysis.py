@@ -98,28 +98,23 @@ def bench_memory(args: argparse.Namespace) -> list[dict]:
 
 
 def write_run_folder(root: Path, args: argparse.Namespace) -> Path:
-    """A minimal run folder (run.json + one step table) holding the synthetic pair as routes_old/new."""
+    """A minimal run folder (run.json + one step table) holding the synthetic pair as routes_old_free/new."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from moestab.analysis.synthetic import synthetic_routes
     from moestab.records import schema
+    from moestab.records.run_info import ModelInfo, RunInfo
 
     run = root / "bench_run"
     (run / schema.TOKENS_DIR).mkdir(parents=True)
-    info = {
-        "schema_version": schema.SCHEMA_VERSION,
-        "status": "finished",
-        "model": {
-            "family": "synthetic",
-            "num_layers": args.layers,
-            "num_experts": args.experts,
-            "top_k": args.top_k,
-            "recorded_layers": list(range(args.layers)),
-        },
-        "last_step": 1,
-    }
-    (run / schema.RUN_JSON).write_text(json.dumps(info))
+    info = RunInfo(
+        config={"algo": "gspo", "routing_replay": "off", "model": "synthetic", "steps": 1},
+        model=ModelInfo(family="synthetic", moe_layers=tuple(range(args.layers)), num_experts=args.experts,
+                        top_k=args.top_k, recorded_layers=tuple(range(args.layers))),
+        status=schema.STATUS_FINISHED, last_step=1,
+    )
+    (run / schema.RUN_JSON).write_text(json.dumps(info.to_json()))
     keys = _keys(args.tokens)
     a, b = synthetic_routes(args.tokens, args.layers, args.top_k, args.experts, flip=0.1, reorder=0.05)
     width = args.layers * args.top_k
@@ -127,7 +122,7 @@ def write_run_folder(root: Path, args: argparse.Namespace) -> Path:
         schema.COL_STEP: pa.array(keys["step"]),
         schema.COL_MINIBATCH: pa.array(keys["minibatch"]),
         schema.COL_POSITION: pa.array(np.arange(args.tokens, dtype=np.int32) % 4000),
-        schema.COL_ROUTES_OLD: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), width),
+        schema.COL_ROUTES_OLD_FREE: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), width),
         schema.COL_ROUTES_NEW: pa.FixedSizeListArray.from_arrays(pa.array(b.reshape(-1)), width),
     }
     pq.write_table(pa.table(arrays), run / schema.tokens_file(1), row_group_size=args.row_group)

@@ -72,7 +72,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PrinterCallback, TrainerCallback
 
 from moestab import rl
-from moestab.analysis.volatility import intersection_sizes, route_volatility
+from moestab.metrics.routes import intersection_sizes
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.routing import RoutingRecorder, find_routers
 from moestab.tasks import Example, Task, task_from_spec
@@ -80,8 +80,9 @@ from moestab.train.batch import RolloutBatch
 from moestab.train.forward import chunked_policy_forward, policy_forward
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, StepTensors, run_step, step_examples, step_seed
-from moestab.train.step_metrics import routing_metrics
+from moestab.train.step import StepSettings, run_step, step_examples, step_seed
+from moestab.train.step_metrics import step_metrics
+from moestab.train.step_tensors import StepTensors
 
 REPLAY_MODES = ("off", "old", "rollout")
 
@@ -408,9 +409,8 @@ PROFILE_ROWS = (
     ("torch/_tensor.py", "backward", "backward"),
     ("torch/optim/adam.py", "adam", "AdamW step (fused, as build_optimizer makes it)"),
     ("torch/nn/utils/clip_grad.py", "clip_grad_norm_", "clip_grad_norm_"),
-    ("moestab/train/step_metrics.py", "routing_metrics", "routing_metrics (step metrics)"),
-    ("moestab/analysis/volatility.py", "route_volatility", "  of which route_volatility (pandas tables)"),
-    ("moestab/analysis/volatility.py", "volatility_by_layer", "  of which volatility_by_layer"),
+    ("moestab/train/step_metrics.py", "step_metrics", "step_metrics (all step metrics)"),
+    ("moestab/metrics/routes.py", "intersection_sizes", "  of which intersection_sizes (route kernel)"),
     ("moestab/routing/discovery.py", "find_routers", "find_routers (each RoutingRecorder / RoutingReplay)"),
     ("moestab/routing/recorder.py", "hook", "RoutingRecorder router hooks"),
     ("moestab/routing/recorder.py", "_end", "RoutingRecorder per-forward stacking"),
@@ -439,7 +439,7 @@ def evidence_contenders(runner: MoestabRunner) -> dict[str, Callable[[], None]]:
     def response_routes(indices: torch.Tensor):
         return indices[:, batch.prompt_len - 1 :][batch.response_mask].numpy()  # [tokens, layers, k]
 
-    old, new = response_routes(t.routes_old.indices), response_routes(t.routes_new.indices)
+    old, new = response_routes(t.routes_old_free.indices), response_routes(t.routes_new.indices)
     chunks = [rows.sort().values for rows in torch.randperm(batch.batch_size).chunk(runner.settings.minibatches)]
 
     def pi_new(chunked: bool) -> Callable[[], None]:
@@ -452,8 +452,7 @@ def evidence_contenders(runner: MoestabRunner) -> dict[str, Callable[[], None]]:
         return run
 
     return {
-        "`routing_metrics(replay='off')` (all step routing metrics)": lambda: routing_metrics(t, replay="off"),
-        "`route_volatility(old, new)` (one metric set, pandas tables)": lambda: route_volatility(old, new, threads=1),
+        "`step_metrics(replay='off')` (all step metrics)": lambda: step_metrics(t, [{}], replay="off"),
         "`intersection_sizes(old, new)` (its numeric kernel)": lambda: intersection_sizes(old, new, threads=1),
         "`find_routers(model)` (run by every RoutingRecorder / RoutingReplay)": lambda: find_routers(model),
         f"pi_new as run_step runs it: `chunked_policy_forward`, {len(chunks)} chunks": pi_new(True),

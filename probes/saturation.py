@@ -11,11 +11,11 @@ routing; low saturation in some layers says where routing keeps changing.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from moestab.analysis.saturation import run_saturation
-from moestab.records import schema
+from moestab.records.errors import RunError
+from moestab.records.run_info import read_run_info
 from moestab.tasks import task_from_spec
 
 
@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, default=None, help="also write the per-layer table here")
     args = parser.parse_args(argv)
 
-    info_path = args.run / schema.RUN_JSON
-    if not info_path.is_file():
-        parser.error(f"{args.run} is not a run folder (no {schema.RUN_JSON})")
-    config = json.loads(info_path.read_text())["config"]
+    try:
+        config = read_run_info(args.run).config
+    except RunError as exc:
+        parser.error(str(exc))
     task = task_from_spec(config["task"])
     probes = [ex.prompt + ex.answer for ex in task.eval_set(args.probes, seed=config["seed"] + 1)]
     table = run_saturation(args.run, probes, reference_step=args.reference_step)

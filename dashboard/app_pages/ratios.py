@@ -47,12 +47,16 @@ quantiles = pd.concat([d["quantiles"].assign(run=label) for label, d in data.ite
 st.dataframe(quantiles, width="stretch")
 
 st.header("Clipping over steps")
+st.caption(
+    "A token counts as clipped when the ratio that governs it was clipped: its own (GRPO) or its sequence's "
+    "(GSPO), as GSPO Fig. 2 compares them. Minibatches 2..n only: the first minibatch's ratio is 1 by construction."
+)
 cells = st.columns(2)
 for cell, (column, title, ylabel) in zip(
     cells,
     [
-        ("token_clip", "Clipped tokens", "fraction of recorded tokens"),
-        ("seq_clip", "Sequences with a clipped token", "fraction of recorded sequences"),
+        ("token_frac_later", "Clipped tokens (minibatches 2..n)", "fraction of recorded tokens"),
+        ("seq_frac_later", "Sequences with a clipped token (minibatches 2..n)", "fraction of recorded sequences"),
     ],
     strict=True,
 ):

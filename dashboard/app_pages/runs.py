@@ -43,9 +43,10 @@ for run in ctx.runs:
             "final_accuracy": row["final_accuracy"],
             "warm_start_accuracy": row["warm_start_accuracy"],
             "old_new_changed": row["old_new_changed"],
-            "rollout_old_changed": row["rollout_old_changed"],
-            "token_clip": row["token_clip"],
-            "mismatch_k3": row["mismatch_k3"],
+            "rollout_old_free_router_flip": row["rollout_old_free_router_flip"],
+            "rollout_old_k3": row["rollout_old_k3"],
+            "rollout_old_free_k3": row["rollout_old_free_k3"],
+            "clip_token_frac_later": row["clip_token_frac_later"],
             "updated": row["updated"],
             "problem": row["error"] or ("; ".join(loaded.skipped) if loaded.skipped else None),
         }
@@ -55,7 +56,8 @@ for run in ctx.runs:
 
 COLUMNS = [
     "run", "status", "algo", "replay", "model", "steps", "final_accuracy", "warm_start_accuracy",
-    "old_new_changed", "rollout_old_changed", "token_clip", "mismatch_k3", "updated", "problem",
+    "old_new_changed", "rollout_old_free_router_flip", "rollout_old_k3", "rollout_old_free_k3",
+    "clip_token_frac_later", "updated", "problem",
 ]  # fmt: skip
 table = pd.DataFrame(rows).reindex(columns=COLUMNS)
 st.dataframe(
@@ -73,11 +75,22 @@ st.dataframe(
         "old_new_changed": st.column_config.NumberColumn(
             "old→new changed", format="%.4f", help="Slot-level routing change pi_old -> pi_new, mean over steps"
         ),
-        "rollout_old_changed": st.column_config.NumberColumn(
-            "rollout→trainer changed", format="%.4f", help="Slot-level change rollout engine -> trainer (pi_old)"
+        "rollout_old_free_router_flip": st.column_config.NumberColumn(
+            "rollout→trainer routers flipped", format="%.4f",
+            help="Share of (token, layer) routers whose experts differ between the rollout engine and the trainer's "
+            "free routing under pi_old (the gap routing creates), mean over steps",
         ),
-        "token_clip": st.column_config.NumberColumn("clipped tokens", format="percent"),
-        "mismatch_k3": st.column_config.NumberColumn("mismatch k3", format="%.2e", help="Rollout vs trainer, nats"),
+        "rollout_old_k3": st.column_config.NumberColumn(
+            "mismatch k3 (as used)", format="%.2e",
+            help="Rollout vs pi_old as used in the ratio (what the loss sees; R3 lowers it), nats per token",
+        ),
+        "rollout_old_free_k3": st.column_config.NumberColumn(
+            "mismatch k3 (free)", format="%.2e", help="Rollout vs the trainer's free pi_old, nats per token"
+        ),
+        "clip_token_frac_later": st.column_config.NumberColumn(
+            "clipped tokens (mb 2..n)", format="percent",
+            help="Token-weighted clipped fraction over minibatches 2..n (GSPO Fig. 2), mean over steps",
+        ),
         "updated": st.column_config.TextColumn("updated (UTC)"),
         "problem": st.column_config.TextColumn("problem", width="large"),
     },

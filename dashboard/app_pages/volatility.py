@@ -10,8 +10,9 @@ from moestab.analysis.experts import metrics_per_layer
 
 PAIR_TITLES = {
     "old_new": "old → new (trainer, free routing)",
-    "rollout_old": "rollout → trainer (pi_old, free routing)",
-    "update_old": "update → old (update forward vs pi_old)",
+    "rollout_old_free": "rollout → trainer (free pi_old)",
+    "rollout_old": "rollout → trainer (pi_old as used)",
+    "update_old": "update → old (the two sides of log w)",
 }
 METRICS = {
     "changed": "changed fraction of routed slots",
@@ -19,25 +20,24 @@ METRICS = {
     "jaccard_distance": "mean Jaccard distance of expert sets",
     "token_flip": "share of tokens with ≥ 1 changed layer",
 }
-UPDATE_ROUTES = {  # replay mode (RunInfo.replay; raw config values too) -> routes of the update forward
-    "off": "free routing (its own top-k)",
-    "R2": "replayed routes_old (R2): update → old is 0 by construction",
-    "R3": "replayed routes_rollout (R3): update → old equals rollout → trainer",
+UPDATE_ROUTES = {  # replay mode (RunInfo.replay) -> routes of pi_old in the ratio and of the update forward
+    "off": "both route freely",
+    "old": "both use pi_old's free routes (R2): update → old is 0 by construction",
+    "rollout": "both use the rollout engine's routes (R3): update → old and rollout → trainer (as used) are 0",
 }
-UPDATE_ROUTES.update({"old": UPDATE_ROUTES["R2"], "rollout": UPDATE_ROUTES["R3"]})
 
 ui.page_header(
     "Routing volatility",
     "Share of routing decisions (token × MoE layer) whose top-k expert set differs between two forward passes.",
 )
 st.info(
-    "**Replayed vs free-running routes.** `routes_old` and `routes_new` are always the trainer's *free* "
+    "**Replayed vs free-running routes.** `routes_old_free` and `routes_new` are always the trainer's *free* "
     "routes (its own top-k, before and after the step's updates), so **old → new is always measured with "
     "free routing**: it shows how far the router drifts even when Routing Replay hides the drift from the "
-    "loss. `routes_update` holds the routes the update forward actually used: under R2 (`--routing-replay "
-    "old`) and R3 (`rollout`) **it equals the replayed routes** (`routes_old` resp. `routes_rollout`), "
-    "not the policy's own choice; only with replay off is it free. Rollout → trainer compares the "
-    "rollout engine's routes with the trainer's free routes under pi_old (the train-inference mismatch).",
+    "loss. `routes_old` and `routes_update` are the routes that produced the two sides of log w: replayed "
+    "under R2 (`--routing-replay old`) and R3 (`rollout`). Rollout → trainer is shown on both sides: against "
+    "the trainer's *free* pi_old (the gap routing creates) and against pi_old *as used* in the ratio (what "
+    "the loss sees; 0 under R3).",
     icon=":material/info:",
 )
 runs = ui.selected_runs()
@@ -51,8 +51,8 @@ st.dataframe(
         [
             {
                 "run": run.label,
-                "replay": info.replay if info else None,
-                "update forward used": UPDATE_ROUTES.get(info.replay, "?") if info else None,
+                "replay": info.replay_label if info else None,
+                "pi_old in the ratio and the update forward": UPDATE_ROUTES[info.replay] if info else None,
                 "old → new": "free routes before vs after the step",
             }
             for run in runs
@@ -94,15 +94,16 @@ def layer_step_grid(label: str, pair: str) -> tuple[pd.DataFrame | None, str]:
 
 
 st.header("Layer × step")
-grids = {(run.label, pair): layer_step_grid(run.label, pair) for run in runs for pair in ("old_new", "rollout_old")}
+HEATMAPS = ("old_new", "rollout_old_free")
+grids = {(run.label, pair): layer_step_grid(run.label, pair) for run in runs for pair in HEATMAPS}
 finite = [g.to_numpy(np.float64) for g, _ in grids.values() if g is not None and g.size]
 top = max((float(np.nanmax(v)) for v in finite if np.isfinite(v).any()), default=0.0)
 vmax = top if top > 0 else 1.0
 st.caption(f"Changed fraction of routed slots; one colour scale for every heatmap (0 to {vmax:.3g}).")
 for run in runs:
     st.subheader(run.label)
-    cells = st.columns(2)
-    for cell, pair in zip(cells, ("old_new", "rollout_old"), strict=True):
+    cells = st.columns(len(HEATMAPS))
+    for cell, pair in zip(cells, HEATMAPS, strict=True):
         grid, source = grids[(run.label, pair)]
         with cell:
             if grid is None:
@@ -162,13 +163,13 @@ def side_by_side(pairs: list[str], make, xlabel: str, what: str, **kwargs) -> No
 
 st.header("Over steps")
 st.caption("metrics.jsonl (all response tokens) where it has the metric, else the recorded tokens.")
-side_by_side(["old_new", "rollout_old"], step_series, "step", "by step", integer_x=True)
+side_by_side(["old_new", "rollout_old_free", "rollout_old"], step_series, "step", "by step", integer_x=True)
 
 st.header("Per minibatch")
 st.caption(
     "Recorded tokens by the minibatch they were updated in. Update → old grows with the minibatch index "
-    "when the policy drifts within a step (replay off); under R2 it is 0 and under R3 it is the rollout "
-    "mismatch, because the update forward replays routes instead of choosing them."
+    "when the policy drifts within a step (replay off); under R2 and R3 it is 0, because both sides of "
+    "log w replay the same routes."
 )
 side_by_side(
     ["update_old", "old_new"],
@@ -181,7 +182,7 @@ side_by_side(
 st.header("Per response position")
 st.caption("Recorded tokens by 0-based position in the response (bins labelled by their first position).")
 side_by_side(
-    ["old_new", "rollout_old"],
+    ["old_new", "rollout_old_free"],
     lambda p: view_series(p, "position", "position_bin"),
     "token position in response (bin start)",
     "by position",

@@ -2,36 +2,29 @@
 
 Every loader takes the run folder and its :func:`~moestab.analysis.dashboard_data.run_fingerprint`
 (so a changed file is a new cache key and gets re-read) and returns a :class:`Loaded`: the value, the
-parts of the run that were skipped (``RunReadWarning`` messages) and, when nothing could be read,
-the error. A loader never raises for a bad run: one corrupt run must not take the page down.
+parts of the run that the readers skipped (their ``Skipped`` entries: file, line, reason) and, when
+nothing could be read, the error. A loader never raises for a bad run: one corrupt run must not take
+the page down. Each call collects its own skipped parts, so concurrent sessions need no lock.
 """
 
 from __future__ import annotations
 
-import threading
 import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import streamlit as st
 
-from moestab.analysis import (
-    AnalysisError,
-    RunReadWarning,
-    load_metrics,
-    load_run_info,
-    load_tokens,
-    run_volatility,
-    volatility_table,
-)
+from moestab.analysis import run_volatility, volatility_table
 from moestab.analysis.attribution import run_attribution
 from moestab.analysis.dashboard_data import run_coactivation, run_overview
 from moestab.analysis.experts import load_stats, run_expert_counts
 from moestab.analysis.ratios import clip_fractions, ratio_quantiles, sequence_log_s, variance_by_length
 from moestab.records import schema
+from moestab.records.errors import RunError, Skipped
+from moestab.records.reader import load_metrics, load_tokens, read_run_info
 
 T = TypeVar("T")
 
@@ -53,23 +46,16 @@ class Loaded(Generic[T]):
     """Traceback of an unexpected error (not an ``AnalysisError``), for a details box."""
 
 
-# ``warnings.catch_warnings`` swaps process-wide state, and Streamlit runs each session's script in
-# its own thread: one reader at a time keeps each run's warnings with that run.
-_WARNINGS_LOCK = threading.Lock()
-
-
-def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Loaded[T]:
-    """Call ``fn`` and turn its warnings and errors into a :class:`Loaded`."""
-    with _WARNINGS_LOCK, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RunReadWarning)
-        try:
-            value, error, trace = fn(*args, **kwargs), None, None
-        except (AnalysisError, FileNotFoundError) as exc:
-            value, error, trace = None, str(exc), None
-        except Exception as exc:  # a run we cannot read must not break the other runs' views
-            value, error, trace = None, f"{type(exc).__name__}: {exc}", traceback.format_exc()
-    skipped = tuple(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, RunReadWarning)))
-    return Loaded(value, skipped, error, trace)
+def guarded(fn: Callable[[list[Skipped]], T]) -> Loaded[T]:
+    """Call ``fn(skipped)`` and turn what it skipped and the errors it raised into a :class:`Loaded`."""
+    skipped: list[Skipped] = []
+    try:
+        value, error, trace = fn(skipped), None, None
+    except (RunError, FileNotFoundError) as exc:
+        value, error, trace = None, str(exc), None
+    except Exception as exc:  # a run we cannot read must not break the other runs' views
+        value, error, trace = None, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+    return Loaded(value, tuple(dict.fromkeys(str(part) for part in skipped)), error, trace)
 
 
 def clear() -> None:
@@ -82,29 +68,30 @@ _CACHE = {"show_spinner": False, "max_entries": 512}
 
 @st.cache_data(**_CACHE)
 def info(run: str, key: Key) -> Loaded:
-    """:func:`moestab.analysis.load_run_info`."""
-    return guarded(load_run_info, run)
+    """:func:`moestab.records.read_run_info`."""
+    return guarded(lambda skipped: read_run_info(run))
 
 
 @st.cache_data(**_CACHE)
 def overview(run: str, key: Key) -> Loaded[dict]:
     """The Runs table row (:func:`moestab.analysis.dashboard_data.run_overview`)."""
-    return guarded(run_overview, run)
+    return guarded(lambda skipped: run_overview(run, skipped))
 
 
 @st.cache_data(**_CACHE)
 def metrics(run: str, key: Key) -> Loaded:
-    """metrics.jsonl as one row per step (:func:`moestab.analysis.load_metrics`); no value (and no
+    """metrics.jsonl as one row per step (:func:`moestab.records.reader.load_metrics`); no value (and no
     error) while the file does not exist or has no complete step yet."""
     if not (Path(run) / schema.METRICS_JSONL).is_file():
         return Loaded(None)
-    loaded = guarded(load_metrics, run)
+    loaded = guarded(lambda skipped: load_metrics(run, skipped))
     if loaded.value is not None and len(loaded.value) == 0:
         return Loaded(None, loaded.skipped)
     return loaded
 
 
-RATIO_COLUMNS = (schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W, schema.COL_CLIPPED, schema.COL_RESPONSE_LEN)
+RATIO_COLUMNS = (schema.COL_STEP, schema.COL_SEQ, schema.COL_MINIBATCH, schema.COL_LOG_W, schema.COL_CLIPPED,
+                 schema.COL_RESPONSE_LEN)
 
 
 @st.cache_data(**_CACHE)
@@ -115,8 +102,8 @@ def ratios(run: str, key: Key) -> Loaded[dict]:
     ``quantiles``, ``clip_by_step`` and ``by_length`` (frames of :mod:`moestab.analysis.ratios`).
     """
 
-    def compute() -> dict | None:
-        tokens = load_tokens(run, columns=list(RATIO_COLUMNS))
+    def compute(skipped: list[Skipped]) -> dict | None:
+        tokens = load_tokens(run, columns=list(RATIO_COLUMNS), skipped=skipped)
         if not len(tokens):
             return None
         return {
@@ -144,8 +131,8 @@ def volatility(run: str, key: Key, pair: str) -> Loaded[dict]:
     """Routing volatility of route pair ``pair`` over the per-token tables, one table per view of
     :data:`VOLATILITY_VIEWS` (``None`` without per-token tables)."""
 
-    def compute() -> dict | None:
-        counts = run_volatility(run, pair)
+    def compute(skipped: list[Skipped]) -> dict | None:
+        counts = run_volatility(run, pair, skipped=skipped)
         if counts is None:
             return None
         return {name: volatility_table(counts, by=by) for name, by in VOLATILITY_VIEWS.items()}
@@ -156,16 +143,16 @@ def volatility(run: str, key: Key, pair: str) -> Loaded[dict]:
 @st.cache_data(**_CACHE)
 def attribution(run: str, key: Key, pair: str) -> Loaded:
     """:func:`moestab.analysis.attribution.run_attribution` for flips of route pair ``pair``."""
-    return guarded(run_attribution, run, pair)
+    return guarded(lambda skipped: run_attribution(run, pair, skipped=skipped))
 
 
 @st.cache_data(**_CACHE)
 def expert_stats(run: str, key: Key) -> Loaded:
-    """Per-layer load statistics over the recorded tokens' ``routes_old`` (``None`` without tables)."""
+    """Per-layer load statistics over the recorded tokens' ``routes_old_free`` (``None`` without tables)."""
 
-    def compute():
-        layers = load_run_info(run).recorded_layers
-        counts = run_expert_counts(run)
+    def compute(skipped: list[Skipped]):
+        layers = read_run_info(run).recorded_layers
+        counts = run_expert_counts(run, skipped=skipped)
         if counts is None:
             return None
         return load_stats(counts, layers if len(layers) == counts.shape[0] else None)
@@ -176,4 +163,4 @@ def expert_stats(run: str, key: Key) -> Loaded:
 @st.cache_data(**_CACHE)
 def coactivation(run: str, key: Key, layer_index: int) -> Loaded:
     """Co-activation matrix of one layer (:func:`moestab.analysis.dashboard_data.run_coactivation`)."""
-    return guarded(run_coactivation, run, layer_index)
+    return guarded(lambda skipped: run_coactivation(run, layer_index, skipped=skipped))

@@ -1,9 +1,10 @@
 """Attribution: how much of the ratio noise and clipping coincides with routing flips.
 
 A token is *flipped* when, in at least one recorded layer, its expert set differs between two
-route sets (``update`` vs ``old`` by default: the routes that produced ``logp_update`` vs
-``logp_old``, i.e. exactly the two sides of ``log w``; or ``old`` vs ``new``). Tokens with no
-recorded layer are left out. Compared between flipped and unflipped tokens:
+route sets (``update_old`` by default: ``routes_update`` vs ``routes_old``, the routes that produced
+``logp_update`` and ``logp_old``, i.e. exactly the two sides of ``log w`` — under R2 and R3 both sides
+replay the same routes, so no token is flipped; or any pair of :data:`moestab.records.schema.ROUTE_PAIRS`).
+Tokens with no recorded layer are left out. Compared between flipped and unflipped tokens:
 
 - ``|log w|`` (mean, median, q0.99) and the clipped share;
 - for *clipped* and *extreme* tokens (``|log w| > ln 2``, the F(2) threshold of REFERENCES
@@ -16,7 +17,6 @@ recorded layer are left out. Compared between flipped and unflipped tokens:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,21 +25,20 @@ import numpy as np
 import pandas as pd
 
 from moestab.analysis.bins import quantile_bin_index, quantile_edges
-from moestab.analysis.errors import RunFileError, RunReadWarning
-from moestab.analysis.load import (
+from moestab.metrics.kl import EXTREME_LOG_RATIO
+from moestab.metrics.routes import INVALID, intersection_sizes
+from moestab.records import schema
+from moestab.records.errors import RunFileError, Skipped, skip
+from moestab.records.reader import (
     iter_run_batches,
     iter_run_routes,
     list_token_files,
-    load_run_info,
     margin_array,
     open_token_file,
+    read_run_info,
 )
-from moestab.analysis.volatility import INVALID, PAIRS, intersection_sizes
-from moestab.records import schema
 
-EXTREME_LOG_RATIO = math.log(2.0)
-"""``|log w|`` above this is an extreme token (ratio outside [1/2, 2])."""
-
+PAIRS = schema.ROUTE_PAIRS
 
 def router_flips(routes_a: np.ndarray, routes_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per decision: ``flipped`` (expert sets differ) and ``recorded`` (no -1 in either), bool ``[tokens, layers]``."""
@@ -161,7 +160,7 @@ class Attribution:
     """Result of :func:`run_attribution`."""
 
     pair: str
-    """Route pair that defines a flip (a key of :data:`moestab.analysis.volatility.PAIRS`)."""
+    """Route pair that defines a flip (a key of :data:`moestab.records.schema.ROUTE_PAIRS`)."""
     groups: pd.DataFrame
     """:func:`flip_groups` over the run's recorded tokens."""
     explained: pd.DataFrame
@@ -178,18 +177,18 @@ def run_attribution(
     margin_sample: int = 1_000_000,
     steps: Iterable[int] | None = None,
     batch_rows: int | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> Attribution | None:
     """Stream a run's per-token tables into an :class:`Attribution` (``None`` if none is readable).
 
     Token arrays (``log_w``, ``clipped``, flip flag: a few bytes a token) are kept; routes are
     streamed. Margin quantile edges come from a first pass over ``margin_old`` that keeps an evenly
     strided sample of about ``margin_sample`` decisions; the counts per bin (second pass) are exact.
+    Unreadable parts go to ``skipped`` (raise with ``skipped=None``).
     """
     if pair not in PAIRS:
         raise ValueError(f"unknown route pair {pair!r}; valid: {sorted(PAIRS)}")
-    info = load_run_info(run)
-    if info.top_k is None:
-        raise ValueError(f"{info.path / schema.RUN_JSON}: model.top_k is missing; cannot read route columns")
+    info = read_run_info(run)
     steps = None if steps is None else list(steps)
     col_a, col_b = PAIRS[pair]
 
@@ -207,7 +206,8 @@ def run_attribution(
     if with_margin:
         others.append(schema.COL_MARGIN_OLD)
     bad_margin: set[int] = set()
-    for step, batch, routes in iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows):
+    batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped)
+    for step, batch, routes in batches:
         router_flipped, recorded = router_flips(routes[col_a], routes[col_b])  # [rows, layers] each
         keep = recorded.any(axis=1)  # [rows] tokens with a recorded layer
         log_w.append(batch.column(schema.COL_LOG_W).to_numpy(zero_copy_only=False)[keep])
@@ -219,13 +219,8 @@ def run_attribution(
         if margin.shape != recorded.shape:
             bad_margin.add(step)
             where = Path(run) / schema.tokens_file(step)
-            warnings.warn(
-                RunReadWarning(
-                    f"{where}: margin_old has {margin.shape[1]} layers, routes {recorded.shape[1]}; "
-                    "its margins are left out"
-                ),
-                stacklevel=2,
-            )
+            problem = f"margin_old has {margin.shape[1]} layers, routes {recorded.shape[1]}; its margins are left out"
+            skip(skipped, RunFileError(where, problem))
             continue
         ok = recorded & np.isfinite(margin)
         index = quantile_bin_index(margin[ok], edges)
@@ -271,10 +266,9 @@ def _sample_margins(run: str | Path, steps: list[int] | None, batch_rows: int | 
     while math.gcd(stride, width) != 1:  # a stride sharing a factor with the row width skips layers
         stride += 1
     parts = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RunReadWarning)  # the main pass reports unreadable files
-        for _, batch in iter_run_batches(run, [schema.COL_MARGIN_OLD], steps=steps, batch_rows=batch_rows):
-            flat = margin_array(batch.column(schema.COL_MARGIN_OLD)).reshape(-1)
-            sample = flat[::stride]
-            parts.append(sample[np.isfinite(sample)])
+    ignored: list[Skipped] = []  # the main pass reports (or raises for) the same unreadable files
+    for _, batch in iter_run_batches(run, [schema.COL_MARGIN_OLD], steps=steps, batch_rows=batch_rows, skipped=ignored):
+        flat = margin_array(batch.column(schema.COL_MARGIN_OLD)).reshape(-1)
+        sample = flat[::stride]
+        parts.append(sample[np.isfinite(sample)])
     return np.concatenate(parts) if parts else np.array([], dtype=np.float32)

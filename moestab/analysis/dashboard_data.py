@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moestab.analysis.experts import coactivation_counts
-from moestab.analysis.load import iter_run_batches, load_run_info, route_array
 from moestab.analysis.ratios import histogram
 from moestab.analysis.summary import run_summary
+from moestab.metrics.experts import coactivation_counts
 from moestab.records import schema
+from moestab.records.errors import Skipped
+from moestab.records.reader import iter_run_batches, read_run_info, route_array
 
 # Folders of a run that never hold another run: not descended into while looking for runs.
 _RUN_SUBFOLDERS = (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR)
@@ -82,24 +83,27 @@ def run_fingerprint(run: str | Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(out))
 
 
-def run_overview(run: str | Path) -> dict[str, Any]:
+def run_overview(run: str | Path, skipped: list[Skipped] | None = None) -> dict[str, Any]:
     """:func:`~moestab.analysis.summary.run_summary`'s row plus ``planned_steps`` (``config.steps``),
-    ``updated`` (run.json's ISO time) and ``error`` (a failed run's message); ``None`` where absent.
+    ``updated`` (run.json's ISO time) and ``error`` (a failed run's message, else ``None``).
 
     Raises what ``run_summary`` raises when run.json is unusable.
     """
-    row = run_summary(run)
-    raw = load_run_info(run).raw
-    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
-    planned = config.get("steps")
-    row["planned_steps"] = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
-    row["updated"] = raw.get("updated") if isinstance(raw.get("updated"), str) else None
-    row["error"] = raw.get("error") if isinstance(raw.get("error"), str) else None
+    row = run_summary(run, skipped)
+    info = read_run_info(run)
+    row["planned_steps"] = info.planned_steps
+    row["updated"] = info.updated or None
+    row["error"] = info.error
     return row
 
 
 def run_coactivation(
-    run: str | Path, layer: int, column: str = schema.COL_ROUTES_OLD, *, batch_rows: int | None = None
+    run: str | Path,
+    layer: int,
+    column: str = schema.COL_ROUTES_OLD_FREE,
+    *,
+    batch_rows: int | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> np.ndarray | None:
     """Co-activation ``C[i, j] = N(i and j) / N(i)`` of layer index ``layer`` of a route column over a
     run's per-token tables, streamed (as :func:`moestab.analysis.experts.coactivation` of all rows).
@@ -107,11 +111,9 @@ def run_coactivation(
     float64 ``[experts, experts]``, NaN rows for experts never chosen; ``None`` without a readable
     table. ``layer`` indexes the route columns' layers (``RunInfo.recorded_layers`` gives labels).
     """
-    info = load_run_info(run)
-    if info.top_k is None or info.num_experts is None:
-        raise ValueError(f"{info.path / schema.RUN_JSON}: model.top_k / model.num_experts missing")
+    info = read_run_info(run)
     total: np.ndarray | None = None
-    for _, batch in iter_run_batches(run, [column], batch_rows=batch_rows):
+    for _, batch in iter_run_batches(run, [column], batch_rows=batch_rows, skipped=skipped):
         routes = route_array(batch.column(column), info.top_k)  # [rows, layers, top_k]
         counts = coactivation_counts(routes, info.num_experts, layer)  # [experts, experts]
         total = counts if total is None else total + counts

@@ -7,7 +7,6 @@ Each ``plot_*`` function takes analysis results and returns a :class:`matplotlib
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +15,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from moestab.analysis.attribution import Attribution, run_attribution
-from moestab.analysis.errors import RunFileError, RunReadWarning
 from moestab.analysis.experts import metrics_per_layer
-from moestab.analysis.load import list_token_files, load_metrics, load_tokens
 from moestab.analysis.ratios import ratio_histograms
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.records import schema
+from moestab.records.errors import RunFileError, Skipped, skip
+from moestab.records.reader import list_token_files, load_metrics, load_tokens
 
 CURVE_KEYS = (("reward/mean", "reward (mean)"), ("accuracy", "rollout accuracy"), ("eval/accuracy", "eval accuracy"))
 
@@ -123,46 +122,51 @@ def plot_attribution(attribution: Attribution) -> Figure:
     return fig
 
 
-def _heatmap_table(run: str | Path, metrics: pd.DataFrame | None, pair: str) -> pd.DataFrame | None:
+HEATMAP_PAIRS = ("old_new", "rollout_old", "rollout_old_free")
+"""Route pairs drawn as layer x step heatmaps by :func:`write_run_plots`."""
+
+
+def _heatmap_table(
+    run: str | Path, metrics: pd.DataFrame | None, pair: str, skipped: list[Skipped] | None
+) -> pd.DataFrame | None:
     if metrics is not None:
         tidy = metrics_per_layer(metrics, f"routing/{pair}/changed_by_layer").dropna()
         if len(tidy):
             return tidy.rename(columns={"value": "changed"})
-    counts = run_volatility(run, pair)
+    counts = run_volatility(run, pair, skipped=skipped)
     return None if counts is None else volatility_table(counts, by=["step", "layer"])
 
 
-def write_run_plots(run: str | Path, out_dir: str | Path) -> list[Path]:
+def write_run_plots(run: str | Path, out_dir: str | Path, skipped: list[Skipped] | None = None) -> list[Path]:
     """Write every figure a run allows into ``out_dir``; returns the paths written.
 
-    ``curves.png`` (metrics.jsonl), ``volatility_old_new.png`` and ``volatility_rollout_old.png``
-    (metrics' per-layer lists, else the per-token tables), ``ratios.png`` and ``attribution.png``
-    (per-token tables). A figure whose data is missing is skipped with a
-    :class:`~moestab.analysis.errors.RunReadWarning`.
+    ``curves.png`` (metrics.jsonl), ``volatility_<pair>.png`` for :data:`HEATMAP_PAIRS` (metrics'
+    per-layer lists, else the per-token tables), ``ratios.png`` and ``attribution.png`` (per-token
+    tables). A figure whose data is missing or unreadable goes to ``skipped`` (raises with ``None``).
     """
     out = Path(out_dir)
     written: list[Path] = []
     try:
-        metrics = load_metrics(run)
+        metrics = load_metrics(run, skipped)
     except RunFileError as exc:
-        warnings.warn(RunReadWarning(f"no curves: {exc}"), stacklevel=2)
+        skip(skipped, RunFileError(exc.path, f"{exc.problem}; no curves"))
         metrics = None
     if metrics is not None and len(metrics):
         written.append(save_figure(plot_curves(metrics), out / "curves.png"))
-    for pair in ("old_new", "rollout_old"):
-        table = _heatmap_table(run, metrics, pair)
+    for pair in HEATMAP_PAIRS:
+        table = _heatmap_table(run, metrics, pair, skipped)
         if table is not None and len(table):
             fig = plot_volatility_heatmap(table, title=f"routing volatility {pair.replace('_', ' -> ')} (changed)")
             written.append(save_figure(fig, out / f"volatility_{pair}.png"))
     has_tokens = len(list_token_files(run)) > 0
     if has_tokens:
         columns = [schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W]
-        tokens = load_tokens(run, columns=columns)
+        tokens = load_tokens(run, columns=columns, skipped=skipped)
         if len(tokens):
             written.append(save_figure(plot_ratio_histograms(ratio_histograms(tokens)), out / "ratios.png"))
-        attribution = run_attribution(run)
+        attribution = run_attribution(run, skipped=skipped)
         if attribution is not None:
             written.append(save_figure(plot_attribution(attribution), out / "attribution.png"))
     else:
-        warnings.warn(RunReadWarning(f"{run}: no per-token tables: no ratio or attribution plots"), stacklevel=2)
+        skip(skipped, RunFileError(Path(run) / schema.TOKENS_DIR, "no per-token tables: no ratio or attribution plots"))
     return written

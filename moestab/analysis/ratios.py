@@ -8,7 +8,7 @@ the mean over its response.
 
 Inputs are per-token DataFrames with the run-format columns used by each function (``step``,
 ``seq``, ``log_w``, ``clipped``, ``response_length``), e.g. from
-:func:`moestab.analysis.load.load_tokens`.
+:func:`moestab.records.reader.load_tokens`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 
 from moestab.analysis.bins import DEFAULT_LENGTH_EDGES, bin_left_edges
+from moestab.metrics.ratios import CLIP_FRACTIONS
+from moestab.metrics.ratios import clip_fractions as clip_stats
 from moestab.records import schema
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.001, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 0.999)
@@ -100,31 +102,25 @@ def ratio_histograms(tokens: pd.DataFrame, bins: int = 60) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def clip_fractions(tokens: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
-    """Share of clipped tokens (``token_clip``) and of sequences with a clipped token (``seq_clip``).
+def clip_fractions(tokens: pd.DataFrame, by: Sequence[str] = (schema.COL_STEP,)) -> pd.DataFrame:
+    """:func:`moestab.metrics.ratios.clip_fractions` per group of ``by`` (default: per step).
 
-    ``clipped`` marks the ratio the loss clipped: the token's (GRPO) or its sequence's (GSPO), so
-    for GSPO both shares agree up to sequence lengths. Grouped by ``by`` (e.g. ``["step"]``).
+    Needs ``step``, ``seq``, ``minibatch`` and ``clipped`` columns. Columns: ``by``..., ``tokens``,
+    ``sequences``, ``token_frac``, ``seq_frac``, ``token_frac_later``, ``seq_frac_later`` (the last two
+    over minibatches 2..n). A sequence is identified by (``step``, ``seq``).
     """
-    _require(tokens, [schema.COL_STEP, schema.COL_SEQ, schema.COL_CLIPPED, *by])
+    needed = [schema.COL_STEP, schema.COL_SEQ, schema.COL_MINIBATCH, schema.COL_CLIPPED, *by]
+    _require(tokens, needed)
     by = list(by)
-    clipped = tokens[schema.COL_CLIPPED].astype(bool)
-    frame = tokens[[*dict.fromkeys([*by, schema.COL_STEP, schema.COL_SEQ])]].assign(_clip=clipped)
-    seq = frame.groupby([*dict.fromkeys([*by, schema.COL_STEP, schema.COL_SEQ])], sort=True)["_clip"].any()
-    if by:
-        token_part = frame.groupby(by, sort=True)["_clip"].agg(tokens="size", token_clip="mean")
-        seq_part = seq.groupby(level=by, sort=True).agg(sequences="size", seq_clip="mean")
-        return token_part.join(seq_part).reset_index()
-    return pd.DataFrame(
-        [
-            {
-                "tokens": len(frame),
-                "token_clip": float(clipped.mean()) if len(frame) else np.nan,
-                "sequences": len(seq),
-                "seq_clip": float(seq.mean()) if len(seq) else np.nan,
-            }
-        ]
-    )
+    rows = []
+    groups = tokens.groupby(by, sort=True) if by else [((), tokens)]
+    for key, part in groups:
+        sequence = part[schema.COL_STEP].to_numpy(np.int64) * (1 << 32) + part[schema.COL_SEQ].to_numpy(np.int64)
+        stats = clip_stats(part[schema.COL_CLIPPED].to_numpy(bool), sequence, part[schema.COL_MINIBATCH].to_numpy())
+        values = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(by, values, strict=True)), "tokens": len(part),
+                     "sequences": int(pd.unique(sequence).size), **stats})
+    return pd.DataFrame(rows, columns=[*by, "tokens", "sequences", *CLIP_FRACTIONS])
 
 
 def variance_by_length(tokens: pd.DataFrame, edges: Sequence[int] = DEFAULT_LENGTH_EDGES) -> pd.DataFrame:

@@ -4,10 +4,11 @@ OLMoE (arXiv 2409.02060, §"Router saturation"): for probe tokens ``x`` and a la
 ``saturation = (1/N) sum_x |TopK_t(x) ∩ TopK_ref(x)| / k`` (the reference is usually the final
 checkpoint), and the top-1 variant, the share of tokens whose top-1 expert matches the reference's.
 
-Top-1 is read from slot 0: this assumes slots are sorted by router score, which holds for routes
-recorded from transformers' MoE families (``torch.topk(..., sorted=True)``, e.g. Qwen3-MoE, the
-embedded family). Routes from an engine that does not sort its top-k make the top-1 variant
-meaningless (the top-k variant, compared as sets, is unaffected).
+Top-1 is read from slot 0, the best expert by the router's selection score for every family:
+``RoutingRecorder`` sorts each decision's slots by that score, best first, also for DeepSeek-V3,
+whose router picks with ``topk(..., sorted=False)`` (its score is the bias-corrected sigmoid within
+the selected groups, not the gate weight). Routes from an engine that does not sort its top-k make
+the top-1 variant meaningless (the top-k variant, compared as sets, is unaffected).
 
 Route arrays are ``[tokens, layers, top_k]`` int16, -1 = not recorded; a token whose routes in a
 layer hold a -1 (in either array) is left out of that layer.
@@ -22,9 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moestab.analysis.load import list_checkpoints
-from moestab.analysis.volatility import INVALID, check_routes, intersection_sizes
+from moestab.metrics.routes import INVALID, check_routes, intersection_sizes
 from moestab.records import schema
+from moestab.records.reader import list_checkpoints
 
 
 def router_saturation(routes: np.ndarray, reference: np.ndarray, layers: Sequence[int] | None = None) -> pd.DataFrame:

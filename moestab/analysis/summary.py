@@ -1,15 +1,13 @@
 """One summary row per run: what it was, how far it got, and its stability numbers.
 
-Volatility and mismatch come from metrics.jsonl (step aggregates over *all* response tokens, see
-docs/run-format.md), averaged over steps; clip fractions from the per-token tables (recorded
-tokens). Where a source is missing or corrupt the row keeps what is readable: the gap is a
-:class:`~moestab.analysis.errors.RunReadWarning`, the value NaN, and volatility / mismatch fall back
-to the per-token tables when metrics.jsonl cannot be read.
+Every stability column is the mean over steps of one metrics.jsonl key (step aggregates over *all*
+response tokens, docs/metrics.md), named in :data:`SUMMARY_KEYS`. When metrics.jsonl cannot be read,
+the same per-step numbers are recomputed from the per-token tables (recorded tokens only) with the
+same functions (:mod:`moestab.metrics`) and averaged over steps.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,46 +15,47 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moestab.analysis.errors import RunFileError, RunReadWarning
-from moestab.analysis.load import iter_run_batches, list_token_files, load_metrics, load_run_info
+from moestab.analysis.mismatch import mismatch_by_step
+from moestab.analysis.ratios import clip_fractions
+from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.records import schema
+from moestab.records.errors import RunFileError, Skipped, skip
+from moestab.records.reader import list_token_files, load_metrics, load_tokens, read_run_info
+
+SUMMARY_KEYS: dict[str, str] = {
+    "old_new_changed": "routing/old_new/changed",
+    "old_new_router_flip": "routing/old_new/router_flip",
+    "old_new_token_flip": "routing/old_new/token_flip",
+    **{
+        f"{pair}_{stat}": f"{prefix}/{pair}/{stat}"
+        for pair in schema.LOGP_PAIRS
+        for prefix, stats in (("routing", ("router_flip", "token_flip")), ("mismatch", ("k1", "k3", "f2")))
+        for stat in stats
+    },
+    **{f"clip_{name}": f"clip/{name}" for name in ("token_frac", "token_frac_later", "seq_frac", "seq_frac_later")},
+}
+"""Summary column -> the metrics.jsonl key averaged over steps (docs/metrics.md)."""
 
 SUMMARY_COLUMNS = (
-    "run",
-    "algo",
-    "replay",
-    "model",
-    "status",
-    "steps",
-    "final_accuracy",
-    "warm_start_accuracy",
-    "old_new_changed",
-    "old_new_token_flip",
-    "rollout_old_changed",
-    "rollout_old_token_flip",
-    "token_clip",
-    "seq_clip",
-    "mismatch_k3",
-    "path",
+    "run", "algo", "replay", "model", "status", "steps", "final_accuracy", "warm_start_accuracy",
+    *SUMMARY_KEYS, "path",
 )
-"""Columns of :func:`summarize_runs`, in order:
+"""Columns of :func:`summarize_runs`, in order (each documented in docs/metrics.md, "moestab analyze"):
 
 - ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3), ``model``, ``status`` from run.json;
-- ``steps``: ``last_step`` (else the last step of metrics.jsonl or of the per-token tables);
-- ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``; ``warm_start_accuracy``;
-- ``old_new_changed`` / ``rollout_old_changed``: slot-level changed fraction, and
-  ``..._token_flip``: share of tokens with any flipped layer, averaged over steps (metrics.jsonl);
-- ``token_clip`` / ``seq_clip``: clipped share of recorded tokens / of recorded sequences with a
-  clipped token (per-token tables);
-- ``mismatch_k3``: ``mismatch/k3`` averaged over steps; ``path``: the run folder.
+- ``steps``: ``last_step``; ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
+  ``warm_start_accuracy``;
+- the keys of :data:`SUMMARY_KEYS`: step means of metrics.jsonl keys;
+- ``path``: the run folder.
 """
 
 
-def _mean_of(metrics: pd.DataFrame | None, key: str) -> float:
-    if metrics is None or key not in metrics:
-        return np.nan
-    values = pd.to_numeric(metrics[key], errors="coerce")
-    return float(values.mean()) if values.notna().any() else np.nan
+def _step_means(metrics: pd.DataFrame) -> dict[str, float]:
+    out = {}
+    for column, key in SUMMARY_KEYS.items():
+        values = pd.to_numeric(metrics[key], errors="coerce") if key in metrics else pd.Series(dtype=float)
+        out[column] = float(values.mean()) if values.notna().any() else np.nan
+    return out
 
 
 def _last_of(metrics: pd.DataFrame | None, key: str) -> float:
@@ -66,105 +65,64 @@ def _last_of(metrics: pd.DataFrame | None, key: str) -> float:
     return float(values.iloc[-1]) if len(values) else np.nan
 
 
-def token_clip_fractions(run: str | Path) -> dict[str, float]:
-    """Clipped share of recorded tokens (``token_clip``) and of recorded sequences with a clipped
-    token (``seq_clip``), streamed over the run's per-token tables (NaN without readable tables)."""
-    tokens = clipped = 0
-    sequences = sequences_clipped = 0
-    # Per sequence index of the current step's file: tokens seen, tokens clipped.
-    seen = np.zeros(0, np.int64)
-    hit = np.zeros(0, np.int64)
-    current: int | None = None
-    for step, batch in iter_run_batches(run, [schema.COL_SEQ, schema.COL_CLIPPED]):
-        if step != current:
-            sequences += int((seen > 0).sum())
-            sequences_clipped += int((hit > 0).sum())
-            seen, hit, current = np.zeros(0, np.int64), np.zeros(0, np.int64), step
-        seq = batch.column(schema.COL_SEQ).to_numpy(zero_copy_only=False).astype(np.int64)  # [rows]
-        clip = batch.column(schema.COL_CLIPPED).to_numpy(zero_copy_only=False).astype(bool)  # [rows]
-        tokens += clip.size
-        clipped += int(clip.sum())
-        if seq.size:
-            size = max(seen.size, int(seq.max()) + 1)
-            seen = np.bincount(seq, minlength=size) + np.pad(seen, (0, size - seen.size))
-            hit = np.bincount(seq[clip], minlength=size) + np.pad(hit, (0, size - hit.size))
-    sequences += int((seen > 0).sum())
-    sequences_clipped += int((hit > 0).sum())
-    return {
-        "token_clip": clipped / tokens if tokens else np.nan,
-        "seq_clip": sequences_clipped / sequences if sequences else np.nan,
-    }
+def step_metrics_from_tokens(run: str | Path, skipped: list[Skipped] | None = None) -> pd.DataFrame:
+    """The :data:`SUMMARY_KEYS` metrics per step, recomputed from the per-token tables (recorded tokens only).
+
+    One row per step with a ``step`` column and the metrics.jsonl keys as columns.
+    """
+    frames = []
+    for pair in ("old_new", *schema.LOGP_PAIRS):
+        counts = run_volatility(run, pair, skipped=skipped)
+        if counts is not None:
+            table = volatility_table(counts, by=["step"]).set_index("step")
+            frames.append(table[["changed", "router_flip", "token_flip"]].add_prefix(f"routing/{pair}/"))
+    columns = [schema.COL_STEP, schema.COL_SEQ, schema.COL_MINIBATCH, schema.COL_CLIPPED,
+               *dict.fromkeys(c for pair in schema.LOGP_PAIRS.values() for c in pair)]
+    tokens = load_tokens(run, columns=columns, skipped=skipped)
+    if len(tokens):
+        for pair in schema.LOGP_PAIRS:
+            mm = mismatch_by_step(tokens, pair).set_index("step")[["k1", "k3", "f2"]]
+            frames.append(mm.add_prefix(f"mismatch/{pair}/"))
+        clip = clip_fractions(tokens).set_index("step").drop(columns=["tokens", "sequences"])
+        frames.append(clip.add_prefix("clip/"))
+    if not frames:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+    return pd.concat(frames, axis=1).rename_axis("step").reset_index()
 
 
-def run_summary(run: str | Path) -> dict[str, Any]:
+def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[str, Any]:
     """The summary row of one run (keys of :data:`SUMMARY_COLUMNS`).
 
-    Raises :class:`~moestab.analysis.errors.NotARunError` / ``SchemaVersionError`` /
-    ``RunFileError`` only when run.json itself is unusable; anything else missing is a warning.
+    Raises ``NotARunError`` / ``SchemaVersionError`` / ``RunFileError`` when run.json itself is
+    unusable. Anything else unreadable goes to ``skipped`` (raises with ``skipped=None``); without a
+    readable metrics.jsonl the stability columns come from the per-token tables.
     """
-    info = load_run_info(run)
+    info = read_run_info(run)
     metrics: pd.DataFrame | None
     try:
-        metrics = load_metrics(run)
+        metrics = load_metrics(run, skipped)
     except RunFileError as exc:
-        warnings.warn(RunReadWarning(f"{exc}; steps, volatility and mismatch from the other files"), stacklevel=2)
+        skip(skipped, RunFileError(exc.path, f"{exc.problem}; stability numbers recomputed from the token tables"))
         metrics = None
-    steps = info.last_step
-    if steps is None and metrics is not None and len(metrics):
-        steps = int(metrics["step"].max())
-    final = info.final_accuracy
-    if final is None:
-        final = _last_of(metrics, "eval/accuracy")
+    final = info.final_accuracy if info.final_accuracy is not None else _last_of(metrics, "eval/accuracy")
     row: dict[str, Any] = {
         "run": info.name,
         "algo": info.algo,
-        "replay": info.replay,
-        "model": info.model,
+        "replay": info.replay_label,
+        "model": info.model_name,
         "status": info.status,
-        "steps": steps,
+        "steps": info.last_step,
         "final_accuracy": final,
         "warm_start_accuracy": np.nan if info.warm_start_accuracy is None else info.warm_start_accuracy,
-        "old_new_changed": _mean_of(metrics, "routing/old_new/changed"),
-        "old_new_token_flip": _mean_of(metrics, "routing/old_new/token_flip"),
-        "rollout_old_changed": _mean_of(metrics, "routing/rollout_old/changed"),
-        "rollout_old_token_flip": _mean_of(metrics, "routing/rollout_old/token_flip"),
-        "mismatch_k3": _mean_of(metrics, "mismatch/k3"),
         "path": str(info.path),
     }
-    row.update(token_clip_fractions(run))
     if metrics is None and len(list_token_files(run)):
-        row.update(_from_token_tables(run))
-    if steps is None and len(list_token_files(run)):
-        row["steps"] = int(list_token_files(run)["step"].max())
+        metrics = step_metrics_from_tokens(run, skipped)
+    row.update(_step_means(metrics if metrics is not None else pd.DataFrame()))
     return {name: row.get(name) for name in SUMMARY_COLUMNS}
 
 
-def _from_token_tables(run: str | Path) -> dict[str, float]:
-    """Volatility and mismatch of the recorded tokens, when metrics.jsonl is unusable."""
-    from moestab.analysis.load import load_tokens
-    from moestab.analysis.mismatch import mismatch_stats
-    from moestab.analysis.volatility import run_volatility, volatility_table
-
-    out: dict[str, float] = {}
-    for pair in ("old_new", "rollout_old"):
-        try:
-            counts = run_volatility(run, pair)
-        except ValueError as exc:
-            warnings.warn(RunReadWarning(f"{run}: no {pair} volatility ({exc})"), stacklevel=3)
-            continue
-        if counts is not None:
-            table = volatility_table(counts).iloc[0]
-            out[f"{pair}_changed"] = float(table["changed"])
-            out[f"{pair}_token_flip"] = float(table["token_flip"])
-    tokens = load_tokens(run, columns=[schema.COL_LOGP_OLD, schema.COL_LOGP_ROLLOUT])
-    if len(tokens):
-        out["mismatch_k3"] = mismatch_stats(
-            tokens[schema.COL_LOGP_OLD].to_numpy(), tokens[schema.COL_LOGP_ROLLOUT].to_numpy()
-        )["k3"]
-    return out
-
-
-def summarize_runs(runs: Iterable[str | Path]) -> pd.DataFrame:
+def summarize_runs(runs: Iterable[str | Path], skipped: list[Skipped] | None = None) -> pd.DataFrame:
     """:func:`run_summary` of each run, one row each (columns :data:`SUMMARY_COLUMNS`); errors propagate."""
-    rows = [run_summary(run) for run in runs]
+    rows = [run_summary(run, skipped) for run in runs]
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))

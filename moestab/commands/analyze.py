@@ -28,41 +28,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _report(caught: list, stream) -> None:
-    """Print the warnings caught while reading a run; re-show any other warning unchanged."""
-    import warnings
-
-    from moestab.analysis.errors import RunReadWarning
-
-    for item in caught:
-        if issubclass(item.category, RunReadWarning):
-            print(f"moestab analyze: warning: {item.message}", file=stream)
-        else:
-            warnings.showwarning(item.message, item.category, item.filename, item.lineno)
+def _report(skipped: list, stream) -> None:
+    """Print what the readers left out of a run (file, line, reason)."""
+    for part in dict.fromkeys(skipped):
+        print(f"moestab analyze: warning: skipped {part}", file=stream)
 
 
 def _format_table(frame) -> str:
-    shown = frame.drop(columns=["path"])
-    return shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}")
+    """One column per run, one row per field: readable however many metrics there are."""
+    shown = frame.drop(columns=["path"]).set_index("run").T
+    return shown.to_string(na_rep="-", float_format=lambda x: f"{x:.4g}")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import warnings
 
-    from moestab.analysis.errors import AnalysisError
-    from moestab.analysis.load import finite_or_none
     from moestab.analysis.summary import SUMMARY_COLUMNS, run_summary
+    from moestab.records.errors import RunError
+    from moestab.records.reader import finite_or_none
 
     rows = []
     for path in args.runs:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                rows.append(run_summary(path))
-            except AnalysisError as exc:
-                print(f"moestab analyze: error: {exc}", file=sys.stderr)
-        _report(caught, sys.stderr)
+        skipped: list = []
+        try:
+            rows.append(run_summary(path, skipped))
+        except RunError as exc:
+            print(f"moestab analyze: error: {exc}", file=sys.stderr)
+        _report(skipped, sys.stderr)
     if not rows:
         print("moestab analyze: error: no readable run among the folders given", file=sys.stderr)
         return 1
@@ -87,38 +79,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_plots(out: Path, runs: list[Path], names: list[str]) -> None:
-    import warnings
-
     import pandas as pd
 
-    from moestab.analysis.errors import AnalysisError, RunFileError, RunReadWarning
-    from moestab.analysis.load import load_metrics
     from moestab.analysis.plots import plot_curves, save_figure, write_run_plots
+    from moestab.records.errors import RunError
+    from moestab.records.reader import load_metrics
 
     used: dict[str, int] = {}
+    frames = []
     for path, name in zip(runs, names, strict=True):
         used[name] = used.get(name, 0) + 1
         folder = out / (name if used[name] == 1 else f"{name}_{used[name]}")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                written = write_run_plots(path, folder)
-                print(f"moestab analyze: wrote {len(written)} figure(s) to {folder}", file=sys.stderr)
-            except (AnalysisError, ValueError, KeyError) as exc:
-                print(f"moestab analyze: error: no figures for {path}: {exc}", file=sys.stderr)
-        _report(caught, sys.stderr)
-    if len(runs) < 2:
-        return
-    frames = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RunReadWarning)  # already reported above
-        for path, name in zip(runs, names, strict=True):
-            try:
-                metrics = load_metrics(path)
-            except RunFileError:
-                continue
-            metrics.insert(0, "run", name)
-            frames.append(metrics)
-    if frames:
+        skipped: list = []
+        try:
+            written = write_run_plots(path, folder, skipped)
+            print(f"moestab analyze: wrote {len(written)} figure(s) to {folder}", file=sys.stderr)
+        except (RunError, ValueError, KeyError) as exc:
+            print(f"moestab analyze: error: no figures for {path}: {exc}", file=sys.stderr)
+        _report(skipped, sys.stderr)
+        try:
+            metrics = load_metrics(path, skipped=[])  # what it skips was reported above
+        except RunError:
+            continue
+        metrics.insert(0, "run", name)
+        frames.append(metrics)
+    if len(runs) >= 2 and frames:
         path = save_figure(plot_curves(pd.concat(frames, ignore_index=True)), out / "curves.png")
         print(f"moestab analyze: wrote {path}", file=sys.stderr)

@@ -1,10 +1,18 @@
 """Names in a run folder, shared by the writer (``moestab.train``) and the readers (``moestab.analysis``).
 
-The full description, with units and meaning, is docs/run-format.md; bump ``SCHEMA_VERSION`` on any
-change that an older reader would misread.
+The full description, with units and meaning, is docs/run-format.md (files and columns) and
+docs/metrics.md (metric keys); bump ``SCHEMA_VERSION`` on any change that an older reader would
+misread.
 """
 
-SCHEMA_VERSION = 1
+from __future__ import annotations
+
+import re
+
+SCHEMA_VERSION = 2
+"""Version 2: pi_old is recorded on both sides (``*_old`` = as used in the ratio, ``*_old_free`` = the
+trainer's free routing); metric keys name the pair of quantities they compare. Version 1 runs are
+refused with an error (their ``routes_old`` and ``mismatch/*`` meant something else under R3)."""
 
 # Files and folders inside a run folder.
 RUN_JSON = "run.json"  # status, resolved config, model description, summary
@@ -21,15 +29,46 @@ STATUS_FAILED = "failed"
 STATUS_INTERRUPTED = "interrupted"
 STATUSES = (STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED, STATUS_INTERRUPTED)
 
+# Routing Replay modes (config ``routing_replay``) and the papers' names for them.
+REPLAY_MODES = ("off", "old", "rollout")
+REPLAY_LABELS = {"off": "off", "old": "R2", "rollout": "R3"}
+"""off: free routing everywhere; old = R2: the updates replay pi_old's trainer routes; rollout = R3:
+pi_old and the updates replay the rollout engine's routes."""
+
+_STEP_NAME = re.compile(r"^step_(\d{6,})$")
+_TOKENS_NAME = re.compile(r"^step_(\d{6,})\.parquet$")
+
+
+def step_name(step: int) -> str:
+    """``step_000012``: the name of a step's checkpoint folder and optimizer state (plus suffix)."""
+    return f"step_{step:06d}"
+
+
+def parse_step_name(name: str) -> int | None:
+    """The step of a checkpoint folder name ``step_XXXXXX``, or ``None`` for any other name."""
+    match = _STEP_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_tokens_name(name: str) -> int | None:
+    """The step of a per-token table name ``step_XXXXXX.parquet``, or ``None`` for any other name."""
+    match = _TOKENS_NAME.match(name)
+    return int(match.group(1)) if match else None
+
 
 def tokens_file(step: int) -> str:
     """Relative path of the per-token table of ``step``."""
-    return f"{TOKENS_DIR}/step_{step:06d}.parquet"
+    return f"{TOKENS_DIR}/{step_name(step)}.parquet"
 
 
 def checkpoint_dir(step: int) -> str:
     """Relative path of the checkpoint written after ``step``."""
-    return f"{CHECKPOINTS_DIR}/step_{step:06d}"
+    return f"{CHECKPOINTS_DIR}/{step_name(step)}"
+
+
+def state_file(step: int) -> str:
+    """Relative path of the optimizer state written with the checkpoint of ``step``."""
+    return f"{STATE_DIR}/{step_name(step)}.pt"
 
 
 # Per-token table columns (one row per response token of a recorded sequence).
@@ -42,7 +81,8 @@ COL_RESPONSE_LEN = "response_length"  # int32, number of loss tokens of the resp
 COL_REWARD = "reward"  # float32, sequence reward
 COL_ADVANTAGE = "advantage"  # float32, sequence (or token) advantage used in the loss
 COL_LOGP_ROLLOUT = "logp_rollout"  # float32, log-prob under the rollout engine (sampling distribution)
-COL_LOGP_OLD = "logp_old"  # float32, log-prob under pi_old as used in the ratio (replayed under R3)
+COL_LOGP_OLD = "logp_old"  # float32, log-prob under pi_old as used in the ratio (replayed routes under R3)
+COL_LOGP_OLD_FREE = "logp_old_free"  # float32, log-prob under pi_old with the trainer's free routing
 COL_LOGP_UPDATE = "logp_update"  # float32, log-prob under the current policy at its minibatch update
 COL_LOGP_NEW = "logp_new"  # float32, log-prob after all updates of the step, free routing
 COL_LOG_W = "log_w"  # float32, logp_update - logp_old: the token log-ratio that entered the loss
@@ -50,9 +90,33 @@ COL_CLIPPED = "clipped"  # bool, the token's ratio (or its sequence ratio, for s
 
 # Route columns: FixedSizeList<int16>[layers * top_k], row-major [layer, slot], -1 where not recorded.
 COL_ROUTES_ROLLOUT = "routes_rollout"  # experts chosen by the rollout engine
-COL_ROUTES_OLD = "routes_old"  # trainer's free routes under pi_old
-COL_ROUTES_UPDATE = "routes_update"  # routes used in the update forward (replayed under R2/R3)
+COL_ROUTES_OLD = "routes_old"  # routes that produced logp_old (= routes_rollout under R3)
+COL_ROUTES_OLD_FREE = "routes_old_free"  # trainer's free routes under pi_old
+COL_ROUTES_UPDATE = "routes_update"  # routes that produced logp_update (replayed under R2/R3)
 COL_ROUTES_NEW = "routes_new"  # trainer's free routes after all updates of the step
-ROUTE_COLUMNS = (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD, COL_ROUTES_UPDATE, COL_ROUTES_NEW)
-# FixedSizeList<float32>[layers]: gap between the k-th and (k+1)-th router score under pi_old.
+ROUTE_COLUMNS = (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD, COL_ROUTES_OLD_FREE, COL_ROUTES_UPDATE, COL_ROUTES_NEW)
+# FixedSizeList<float32>[layers]: gap between the k-th and (k+1)-th router score under pi_old (free routing).
 COL_MARGIN_OLD = "margin_old"
+
+ROUTE_PAIRS: dict[str, tuple[str, str]] = {
+    "old_new": (COL_ROUTES_OLD_FREE, COL_ROUTES_NEW),
+    "update_old": (COL_ROUTES_UPDATE, COL_ROUTES_OLD),
+    "rollout_old": (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD),
+    "rollout_old_free": (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD_FREE),
+    "rollout_new": (COL_ROUTES_ROLLOUT, COL_ROUTES_NEW),
+}
+"""Route-column pairs by the name used in metric keys (``routing/<pair>/...``) and by the analyzers:
+
+- ``old_new``: pi_old -> pi_new, both free: routing volatility of the step's updates (GSPO §5.3);
+- ``update_old``: the two sides of ``log w`` (routes of ``logp_update`` vs ``logp_old``);
+- ``rollout_old``: rollout engine vs pi_old *as used in the ratio* (0 under R3: what the loss sees);
+- ``rollout_old_free``: rollout engine vs the trainer's *free* pi_old (the gap routing creates);
+- ``rollout_new``: rollout engine vs pi_new (free).
+"""
+
+LOGP_PAIRS: dict[str, tuple[str, str]] = {
+    "rollout_old": (COL_LOGP_ROLLOUT, COL_LOGP_OLD),
+    "rollout_old_free": (COL_LOGP_ROLLOUT, COL_LOGP_OLD_FREE),
+}
+"""Log-prob pairs of the rollout->trainer mismatch (``mismatch/<pair>/...``), named like :data:`ROUTE_PAIRS`:
+``(sampling distribution, trainer)``."""

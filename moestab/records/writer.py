@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moestab import __version__
 from moestab.records import schema
-
-
-def json_safe(value: Any) -> Any:
-    """NaN / inf -> None (JSON has no NaN), recursively; tuples -> lists."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -47,34 +30,28 @@ class RunWriter:
     def run_json(self) -> Path:
         return self.dir / schema.RUN_JSON
 
-    def read_info(self) -> dict[str, Any]:
-        return json.loads(self.run_json.read_text())
+    def read_info(self) -> RunInfo:
+        return read_run_info(self.dir)
 
-    def start(self, *, config: dict[str, Any], model: dict[str, Any], config_yaml: str) -> None:
+    def start(
+        self, *, config: dict[str, Any], model: ModelInfo, environment: dict[str, Any], config_yaml: str
+    ) -> RunInfo:
         """Create the folder layout and a ``running`` run.json."""
         for sub in (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.dir / schema.CONFIG_YAML, config_yaml)
-        info = {
-            "schema_version": schema.SCHEMA_VERSION,
-            "moestab_version": __version__,
-            "status": schema.STATUS_RUNNING,
-            "created": _now(),
-            "updated": _now(),
-            "config": config,
-            "model": model,
-            "last_step": 0,
-        }
+        info = RunInfo(config=config, model=model, environment=environment, created=now(), updated=now())
         self._write_info(info)
+        return info
 
-    def update(self, **fields: Any) -> None:
-        info = self.read_info()
-        info.update(fields)
-        info["updated"] = _now()
+    def update(self, **fields: Any) -> RunInfo:
+        """Change ``fields`` of run.json (names of :class:`RunInfo` fields) and stamp ``updated``."""
+        info = self.read_info().updated_with(**fields)
         self._write_info(info)
+        return info
 
-    def _write_info(self, info: dict[str, Any]) -> None:
-        atomic_write_text(self.run_json, json.dumps(json_safe(info), indent=2) + "\n")
+    def _write_info(self, info: RunInfo) -> None:
+        atomic_write_text(self.run_json, json.dumps(info.to_json(), indent=2) + "\n")
 
     def append_metrics(self, metrics: dict[str, Any]) -> None:
         with (self.dir / schema.METRICS_JSONL).open("a") as f:

@@ -15,7 +15,8 @@ Uses in moestab:
   token, as in DeepSeekMath's GRPO (arXiv 2402.03300, Eq. 4) and TRL's ``beta`` term; gradient flows through
   ``logp``.
 
-Per-token functions return 0 at masked positions; the batch estimators average over all response tokens of the
+The per-token formulas are :mod:`moestab.metrics.kl`'s (shared with the mismatch metrics). Per-token
+functions return 0 at masked positions; the batch estimators average over all response tokens of the
 batch (token-weighted) and return NaN when there are none.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from moestab.metrics.kl import k1_terms, k3_terms
 from moestab.rl.masking import masked_fill_zero, masked_mean
 
 
@@ -37,7 +39,7 @@ def kl_k1_per_token(logp_p: torch.Tensor, logp_q: torch.Tensor, mask: torch.Tens
     Returns:
         ``[batch, seq]``.
     """
-    return masked_fill_zero(logp_p - logp_q, mask)  # [batch, seq]
+    return masked_fill_zero(k1_terms(logp_q - logp_p), mask)  # [batch, seq]
 
 
 def kl_k3_per_token(logp_p: torch.Tensor, logp_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -52,7 +54,7 @@ def kl_k3_per_token(logp_p: torch.Tensor, logp_q: torch.Tensor, mask: torch.Tens
         ``[batch, seq]``, >= 0.
     """
     d = masked_fill_zero(logp_q - logp_p, mask)  # [batch, seq]
-    return torch.expm1(d) - d  # [batch, seq]; 0 where d = 0 (masked)
+    return k3_terms(d)  # [batch, seq]; 0 where d = 0 (masked)
 
 
 def kl_k1(logp_p: torch.Tensor, logp_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

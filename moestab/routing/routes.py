@@ -15,7 +15,9 @@ class Routes:
     """Recorded (or to-be-replayed) routing decisions of a batch of sequences.
 
     Positions are aligned with the model's input positions; ``-1`` marks padding and anything not
-    recorded. Slots within a layer are in the router's own order (compare them as sets).
+    recorded. Slots within a layer are sorted by the router's selection score, best first, in every
+    family (``RoutingRecorder`` sorts its copy; DeepSeek-V3's router does not sort), so slot 0 is the
+    top-1; routes recorded under ``RoutingReplay`` keep the replayed order. Compare other slots as sets.
     """
 
     indices: torch.Tensor

@@ -7,7 +7,6 @@ exist; both are written to temporary names and renamed, so a kill never leaves a
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -16,11 +15,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from moestab.models import save_policy
 from moestab.records import schema
 
-_STEP_DIR = re.compile(r"^step_(\d{6})$")
-
 
 def state_file(run_dir: Path, step: int) -> Path:
-    return run_dir / schema.STATE_DIR / f"step_{step:06d}.pt"
+    return run_dir / schema.state_file(step)
 
 
 def save_checkpoint(
@@ -41,9 +38,9 @@ def complete_checkpoints(run_dir: Path) -> list[int]:
         return []
     steps = []
     for entry in folder.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and entry.is_dir() and state_file(run_dir, int(match.group(1))).is_file():
-            steps.append(int(match.group(1)))
+        step = schema.parse_step_name(entry.name)
+        if step is not None and entry.is_dir() and state_file(run_dir, step).is_file():
+            steps.append(step)
     return sorted(steps)
 
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from moestab.configs import ConfigError
+from moestab.records.schema import REPLAY_MODES
 
-REPLAY_MODES = ("off", "old", "rollout")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -33,7 +33,8 @@ class TrainConfig:
     group_size: int = 8
     """Completions per prompt (the group of GRPO/GSPO advantages)."""
     minibatches: int = 4
-    """Gradient updates per rollout batch (the GSPO paper uses 4, so the policy moves away from pi_old)."""
+    """Gradient updates per rollout batch (the GSPO paper uses 4, so the policy moves away from pi_old); must
+    divide prompts_per_step * group_size, so that every minibatch holds as many sequences."""
     lr: float = 2e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -99,10 +100,12 @@ class TrainConfig:
             _at_least("max_new_tokens", self.max_new_tokens, 1)
         if self.threads is not None:
             _at_least("threads", self.threads, 1)
-        if self.prompts_per_step * self.group_size < self.minibatches:
+        batch = self.prompts_per_step * self.group_size
+        if batch % self.minibatches:
+            valid = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
             raise ConfigError(
-                f"minibatches={self.minibatches} exceeds the rollout batch "
-                f"(prompts_per_step*group_size = {self.prompts_per_step * self.group_size})"
+                f"minibatches={self.minibatches} does not divide the rollout batch of {batch} sequences "
+                f"(prompts_per_step*group_size = {self.prompts_per_step}*{self.group_size}); valid: {valid}"
             )
         for name in ("lr", "temperature", "max_grad_norm"):
             if not getattr(self, name) > 0:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab import rl
 from moestab.configs import ConfigError, config_to_dict
 from moestab.models import EmbeddedModelSpec
 from moestab.records import schema
+from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
 from moestab.routing import find_routers
 from moestab.tasks import Task, task_from_spec
@@ -81,20 +82,36 @@ def _load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrai
     return model.to(device)
 
 
-def _model_info(model: PreTrainedModel, record_slots: list[int]) -> dict:
+def _model_info(model: PreTrainedModel, record_slots: list[int]) -> ModelInfo:
     sites = find_routers(model)
-    return {
-        "family": model.config.model_type,
-        "num_layers": len(sites),
-        "moe_layers": [s.layer for s in sites],
-        "num_experts": sites[0].num_experts,
-        "top_k": sites[0].top_k,
-        "recorded_layers": [sites[i].layer for i in record_slots],
-    }
+    return ModelInfo(
+        family=model.config.model_type,
+        moe_layers=tuple(s.layer for s in sites),
+        num_experts=sites[0].num_experts,
+        top_k=sites[0].top_k,
+        recorded_layers=tuple(sites[i].layer for i in record_slots),
+    )
 
 
-def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResult:
-    """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended."""
+def _environment() -> dict:
+    """What a run's numbers depend on besides its config (run.json ``environment``)."""
+    import transformers
+
+    return {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def train(
+    config: TrainConfig,
+    *,
+    log: Callable[[str], None] = print,
+    rollout_engine: Callable[[PreTrainedModel, PreTrainedTokenizerBase], HFRolloutEngine] = HFRolloutEngine,
+) -> RunResult:
+    """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended.
+
+    ``rollout_engine(model, tokenizer)`` builds the engine that samples the rollouts (default: Hugging
+    Face ``generate``); it must return a ``RolloutBatch`` with the routes it used.
+    """
     if config.threads:
         torch.set_num_threads(config.threads)
     device = _device(config.device)
@@ -111,7 +128,7 @@ def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResu
             raise TrainingError(f"--resume: {run_dir} is not a run folder (no {schema.RUN_JSON})")
         if not done:
             raise TrainingError(f"--resume: {run_dir} has no complete checkpoint to resume from")
-        saved = writer.read_info()["config"]
+        saved = writer.read_info().config
         mismatched = {k: (saved.get(k), v) for k, v in config_to_dict(config).items()
                       if k not in ("resume", "steps", "progress", "threads", "save_every") and saved.get(k) != v}
         if mismatched:
@@ -152,18 +169,18 @@ def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResu
 
     if config.resume:
         writer.truncate_metrics(start_step)
-        writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None)
-        start_accuracy = writer.read_info().get("warm_start", {}).get("accuracy")
+        start_accuracy = writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None,
+                                       environment=_environment()).warm_start_accuracy
     else:
         resolved = config_to_dict(replace(config, out=str(run_dir)))
-        writer.start(config=resolved, model=_model_info(model, record_slots),
+        writer.start(config=resolved, model=_model_info(model, record_slots), environment=_environment(),
                      config_yaml=yaml.safe_dump(resolved, sort_keys=False))
         start_accuracy = evaluate()
         writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
         save_checkpoint(run_dir, 0, model, tokenizer, optimizer)
         log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
 
-    engine = HFRolloutEngine(model, tokenizer)
+    engine = rollout_engine(model, tokenizer)
     progress = _progress(config, start_step)
     step, status, final_accuracy = start_step, schema.STATUS_FINISHED, None
     with GracefulInterrupt() as interrupt:
@@ -204,8 +221,7 @@ def train(config: TrainConfig, *, log: Callable[[str], None] = print) -> RunResu
             raise
         finally:
             progress.close()
-    writer.update(status=status, last_step=step,
-                  **({"final": {"accuracy": final_accuracy}} if final_accuracy is not None else {}))
+    writer.update(status=status, last_step=step, final_accuracy=final_accuracy)
     return RunResult(run_dir, status, step, start_accuracy, final_accuracy)
 
 

@@ -1,4 +1,4 @@
-"""One RL step: rollout -> rewards -> advantages -> pi_old -> minibatch updates -> pi_new -> metrics.
+"""One RL step, in phases: rollout -> score -> pi_old -> minibatch updates -> pi_new -> metrics.
 
 Routing Replay modes (the ``replay`` setting):
 
@@ -8,6 +8,11 @@ Routing Replay modes (the ``replay`` setting):
 
 Whatever the mode, the trainer's *free* routes under pi_old and, after the updates, under the new
 policy are recorded, so routing volatility is measured even when replay hides it from the loss.
+
+Every trainer forward of the step (pi_old free, pi_old replayed, the updates, pi_new) runs in the
+same row chunks, the minibatches: with no update in between, two forwards see bit-identical inputs
+of identical shape, so a difference between them is the update's doing and never the batch shape's
+(on a GPU, kernels and their rounding change with the batch shape).
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import torch
 from transformers import PreTrainedModel
 
 from moestab import rl
-from moestab.routing import Routes, gather_router_logprobs
+from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.batch import RolloutBatch
-from moestab.train.forward import chunked_policy_forward, policy_forward, response_routes
+from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step_metrics import routing_metrics, scalar_metrics
+from moestab.train.step_metrics import step_metrics
+from moestab.train.step_tensors import StepTensors
 
 
 class NonFiniteLossError(RuntimeError):
@@ -49,23 +55,128 @@ class StepSettings:
     max_grad_norm: float
 
 
-@dataclass
-class StepTensors:
-    """Everything a step computed per response token, for the run records (all ``[B, T]`` unless noted)."""
+def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """A random split of ``batch_size`` rows into ``minibatches`` equal minibatches (rows sorted in each).
 
-    batch: RolloutBatch
-    examples: list[Example]
-    rewards: torch.Tensor  # [B]
-    advantages: torch.Tensor  # [B]
-    minibatch: torch.Tensor  # [B] index of the minibatch that updated each sequence
-    logp_old: torch.Tensor  # as used in the ratio
-    logp_old_free: torch.Tensor
-    logp_update: torch.Tensor
-    logp_new: torch.Tensor
-    clipped: torch.Tensor  # bool
-    routes_old: Routes  # free, [B, L, layers, k]
-    routes_update: torch.Tensor  # [B, L, layers, k]
-    routes_new: Routes
+    Raises ``ValueError`` when ``minibatches`` does not divide ``batch_size`` (unequal minibatches
+    would weigh sequences differently), listing the valid counts.
+    """
+    if minibatches < 1 or batch_size % minibatches:
+        valid = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        raise ValueError(f"minibatches={minibatches} does not divide the rollout batch of {batch_size} sequences; "
+                         f"valid: {', '.join(map(str, valid))}")
+    order = torch.randperm(batch_size, generator=generator)
+    return [rows.sort().values for rows in order.chunk(minibatches)]
+
+
+@dataclass(frozen=True)
+class _OldPolicy:
+    free: PolicyForward  # free routing, routes recorded with router stats
+    logp: torch.Tensor  # [B, T] as used in the ratio
+    routes: torch.Tensor  # [B, L, layers, k] routes that produced ``logp``
+    ref_logp: torch.Tensor | None  # [B, T] reference policy, for the KL penalty
+
+
+@dataclass(frozen=True)
+class _Updates:
+    minibatch: torch.Tensor  # [B]
+    logp: torch.Tensor  # [B, T]
+    clipped: torch.Tensor  # [B, T] bool
+    routes: torch.Tensor  # [B, L, layers, k]
+    losses: list[float]
+    grad_norms: list[float]
+    loss_metrics: list[dict[str, torch.Tensor]]
+
+
+def _score(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
+    per_seq = [ex for ex in examples for _ in range(s.group_size)]
+    rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])  # [B]
+    correct = torch.tensor([task.is_correct(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])
+    advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
+    return rewards, correct, advantages
+
+
+@torch.no_grad()
+def _old_policy(
+    model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], s: StepSettings,
+    ref_model: PreTrainedModel | None,
+) -> _OldPolicy:
+    # The free forward records the trainer's own routes (and margins for the records). Under R3 the
+    # ratio uses a second forward that replays the rollout engine's routes.
+    is_rspo = s.preset.loss == "rspo"
+    free = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, router_logprobs=is_rspo,
+                                  entropy=True, router_stats=True)
+    logp, routes = free.logp, free.routes.indices
+    if s.replay == "rollout":
+        logp = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, replay=batch.routes,
+                                      record=False).logp
+        routes = batch.routes.indices
+    ref_logp = None
+    if s.kl_coef > 0:
+        if ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        ref_logp = chunked_policy_forward(ref_model, batch, chunks, temperature=s.temperature, record=False).logp
+    return _OldPolicy(free=free, logp=logp, routes=routes, ref_logp=ref_logp)
+
+
+def _loss_inputs(
+    s: StepSettings, batch: RolloutBatch, rows: torch.Tensor, fwd: PolicyForward, old: _OldPolicy,
+    advantages: torch.Tensor,
+) -> dict:
+    """Keyword arguments of the registered loss for one minibatch."""
+    kwargs = {
+        **s.preset.loss_kwargs(),
+        "logp": fwd.logp, "old_logp": old.logp[rows], "advantages": advantages[rows],
+        "mask": batch.response_mask[rows], "clip_low": s.clip_low, "clip_high": s.clip_high, "kl_coef": s.kl_coef,
+    }
+    if old.ref_logp is not None:
+        kwargs["ref_logp"] = old.ref_logp[rows]
+    if s.preset.aggregation == "seq-mean-token-sum-norm":
+        kwargs["norm_constant"] = float(s.max_new_tokens)
+    if s.preset.loss == "rspo":
+        old_idx = response_routes(old.free.routes, batch)[rows]  # [b, T, layers, k]
+        kwargs["gamma_min"] = s.gamma_min
+        kwargs["router_logp_old"] = gather_router_logprobs(
+            old.free.routes.router_logprobs[rows][:, batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
+        kwargs["router_logp_new"] = gather_router_logprobs(
+            fwd.routes.router_logprobs[:, batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
+    return kwargs
+
+
+def _updates(
+    model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
+    old: _OldPolicy, advantages: torch.Tensor, s: StepSettings,
+) -> _Updates:
+    replay_source = {"off": None, "old": old.free.routes, "rollout": batch.routes}[s.replay]
+    minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
+    logp = torch.zeros_like(old.logp)  # [B, T]
+    clipped = torch.zeros_like(batch.response_mask)  # [B, T]
+    routes = torch.empty_like(old.routes)  # [B, L, layers, k]
+    losses, grad_norms, loss_metrics = [], [], []
+    model.train()
+    for m, rows in enumerate(chunks):
+        minibatch[rows] = m
+        fwd = policy_forward(
+            model, batch.select(rows), temperature=s.temperature,
+            replay=None if replay_source is None else replay_source.select(rows),
+            router_logprobs=s.preset.loss == "rspo",
+        )
+        parts = rl.compute_loss_parts(s.preset.loss, **_loss_inputs(s, batch, rows, fwd, old, advantages))
+        if not torch.isfinite(parts.loss):
+            raise NonFiniteLossError(f"policy loss is {parts.loss.item()} at minibatch {m}")
+        optimizer.zero_grad(set_to_none=True)
+        parts.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            raise NonFiniteLossError(f"gradient norm is {grad_norm.item()} at minibatch {m}")
+        optimizer.step()
+        losses.append(parts.loss.item())
+        grad_norms.append(grad_norm.item())
+        loss_metrics.append(parts.metrics)
+        logp[rows] = fwd.logp.detach()
+        clipped[rows] = parts.clipped
+        routes[rows] = fwd.routes.indices
+    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics)
 
 
 def run_step(
@@ -83,93 +194,24 @@ def run_step(
     s = settings
     t0 = time.perf_counter()
     prompts = [ex.prompt for ex in examples for _ in range(s.group_size)]
+    chunks = minibatch_rows(len(prompts), s.minibatches, generator)  # checked before the rollout's cost
     batch = engine.generate(prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
     t_rollout = time.perf_counter() - t0
-    per_seq = [ex for ex in examples for _ in range(s.group_size)]
-    rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])
-    correct = torch.tensor([task.is_correct(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])
-    advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
-    mask = batch.response_mask  # [B, T]
-    is_rspo = s.preset.loss == "rspo"
-
-    order = torch.randperm(batch.batch_size, generator=generator)
-    chunks = [rows.sort().values for rows in order.chunk(s.minibatches)]  # the minibatches
-    fwd_args = {"temperature": s.temperature}
-
-    # pi_old: the free forward records the trainer's own routes (and margins for the records). It runs
-    # in the update chunks when its log-probs enter the ratio; under R3 the ratio uses a replayed
-    # forward instead, so the free one (kept for the rollout->trainer mismatch) runs in one piece.
-    with torch.no_grad():
-        free_args = {**fwd_args, "router_logprobs": is_rspo, "entropy": True, "router_stats": True}
-        if s.replay == "rollout":
-            old_free = policy_forward(model, batch, **free_args)
-            old_used = chunked_policy_forward(model, batch, chunks, **fwd_args, replay=batch.routes, record=False)
-        else:
-            old_free = old_used = chunked_policy_forward(model, batch, chunks, **free_args)
-        ref_logp = None
-        if s.kl_coef > 0:
-            if ref_model is None:
-                raise ValueError("kl_coef > 0 needs a reference model")
-            ref_logp = chunked_policy_forward(ref_model, batch, chunks, **fwd_args, record=False).logp
-
-    replay_source = {"off": None, "old": old_free.routes, "rollout": batch.routes}[s.replay]
-    minibatch_of = torch.empty(batch.batch_size, dtype=torch.long)
-    logp_update = torch.zeros_like(old_free.logp)
-    clipped = torch.zeros_like(mask)
-    routes_update = torch.empty_like(old_free.routes.indices)
-    losses, grad_norms, loss_metrics = [], [], []
+    rewards, correct, advantages = _score(task, examples, batch, s)
+    old = _old_policy(model, batch, chunks, s, ref_model)
     t1 = time.perf_counter()
-    model.train()
-    for m, rows in enumerate(chunks):
-        minibatch_of[rows] = m
-        mb = batch.select(rows)
-        fwd = policy_forward(
-            model, mb, **fwd_args,
-            replay=None if replay_source is None else replay_source.select(rows),
-            router_logprobs=is_rspo,
-        )
-        kwargs = {
-            **s.preset.loss_kwargs(),
-            "logp": fwd.logp, "old_logp": old_used.logp[rows], "advantages": advantages[rows],
-            "mask": mb.response_mask, "clip_low": s.clip_low, "clip_high": s.clip_high, "kl_coef": s.kl_coef,
-        }
-        if ref_logp is not None:
-            kwargs["ref_logp"] = ref_logp[rows]
-        if s.preset.aggregation == "seq-mean-token-sum-norm":
-            kwargs["norm_constant"] = float(s.max_new_tokens)
-        if is_rspo:
-            old_idx = response_routes(old_free.routes, batch)[rows]  # [b, T, layers, k]
-            kwargs["gamma_min"] = s.gamma_min
-            kwargs["router_logp_old"] = gather_router_logprobs(
-                old_free.routes.router_logprobs[rows][:, batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
-            kwargs["router_logp_new"] = gather_router_logprobs(
-                fwd.routes.router_logprobs[:, batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
-        parts = rl.compute_loss_parts(s.preset.loss, **kwargs)
-        if not torch.isfinite(parts.loss):
-            raise NonFiniteLossError(f"policy loss is {parts.loss.item()} at minibatch {m}")
-        optimizer.zero_grad(set_to_none=True)
-        parts.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            raise NonFiniteLossError(f"gradient norm is {grad_norm.item()} at minibatch {m}")
-        optimizer.step()
-        losses.append(parts.loss.item())
-        grad_norms.append(grad_norm.item())
-        loss_metrics.append(parts.metrics)
-        logp_update[rows] = fwd.logp.detach()
-        clipped[rows] = parts.clipped
-        routes_update[rows] = fwd.routes.indices
+    up = _updates(model, optimizer, batch, chunks, old, advantages, s)
     t_update = time.perf_counter() - t1
-
-    # pi_new: free forward after all updates, on the same tokens (one forward: no exactness at stake).
     with torch.no_grad():
-        new = policy_forward(model, batch, **fwd_args)
+        new = chunked_policy_forward(model, batch, chunks, temperature=s.temperature)
 
     tensors = StepTensors(
-        batch=batch, examples=examples, rewards=rewards, advantages=advantages, minibatch=minibatch_of,
-        logp_old=old_used.logp, logp_old_free=old_free.logp, logp_update=logp_update, logp_new=new.logp,
-        clipped=clipped, routes_old=old_free.routes, routes_update=routes_update, routes_new=new.routes,
+        batch=batch, examples=examples, rewards=rewards, advantages=advantages, minibatch=up.minibatch,
+        logp_old=old.logp, logp_old_free=old.free.logp, logp_update=up.logp, logp_new=new.logp,
+        clipped=up.clipped, routes_old=old.routes, routes_old_free=old.free.routes, routes_update=up.routes,
+        routes_new=new.routes,
     )
+    mask = batch.response_mask
     metrics = {
         "time/step_s": time.perf_counter() - t0,
         "time/rollout_s": t_rollout,
@@ -179,11 +221,12 @@ def run_step(
         "accuracy": correct.float().mean().item(),
         "response/length_mean": mask.sum(-1).float().mean().item(),
         "response/length_max": int(mask.sum(-1).max()),
-        "loss": sum(losses) / len(losses),
-        "grad_norm": sum(grad_norms) / len(grad_norms),
-        "entropy": rl.masked_mean(old_free.entropy, mask).item(),
-        **scalar_metrics(loss_metrics),
-        **routing_metrics(tensors, replay=s.replay),
+        "minibatches": len(chunks),
+        "loss": sum(up.losses) / len(up.losses),
+        "grad_norm": sum(up.grad_norms) / len(up.grad_norms),
+        "grad_norm_max": max(up.grad_norms),
+        "entropy": rl.masked_mean(old.free.entropy, mask).item(),
+        **step_metrics(tensors, up.loss_metrics, replay=s.replay),
     }
     return metrics, tensors
 

@@ -1,91 +1,100 @@
-"""Step aggregates over all response tokens: loss statistics, routing volatility, mismatch, load.
+"""A step's aggregates over *all* its response tokens, for metrics.jsonl (keys: docs/metrics.md).
 
-Routing numbers use the analyzers' own functions (``moestab.analysis``), so a step's logged
-volatility and an offline analysis of its tables are the same computation.
+Every number is computed by the functions of :mod:`moestab.metrics` that the analyzers also call on
+the per-token tables, so a logged value and its offline recomputation cannot drift apart.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from moestab.analysis.experts import expert_counts, load_stats
-from moestab.analysis.mismatch import mismatch_stats
-from moestab.analysis.volatility import INVALID, intersection_sizes
+from moestab.metrics.experts import expert_counts, load_stats
+from moestab.metrics.mismatch import mismatch_stats
+from moestab.metrics.ratios import clip_fractions, ratio_stats
+from moestab.metrics.routes import intersection_sizes, route_change
+from moestab.records import schema
+from moestab.train.step_tensors import StepTensors
 
-if TYPE_CHECKING:
-    from moestab.train.step import StepTensors
+LOSS_METRIC_PREFIXES = ("objective/", "kl/", "rspo/")
+"""Loss diagnostics logged as their mean over minibatches (``loss/<key>``). The loss's ratio and clip
+statistics are not: per minibatch they would be averaged maxima and a diluted clip share, so the step
+reports ``ratio/*`` and ``clip/*`` over all its tokens instead."""
 
 
-def scalar_metrics(per_minibatch: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Mean over minibatches of each loss metric, under ``loss/``; NaN-valued entries are skipped."""
+def loss_metrics(per_minibatch: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Mean over minibatches of the loss diagnostics of :data:`LOSS_METRIC_PREFIXES`, under ``loss/``.
+
+    NaN-valued entries (e.g. ``kl/ref_k3`` without a reference) are skipped; all-NaN gives NaN.
+    """
     out: dict[str, float] = {}
     for key in per_minibatch[0]:
+        if not key.startswith(LOSS_METRIC_PREFIXES):
+            continue
         values = [float(m[key]) for m in per_minibatch if math.isfinite(float(m[key]))]
         out[f"loss/{key}"] = sum(values) / len(values) if values else float("nan")
     return out
 
 
-def _token_routes(indices: torch.Tensor, tensors: StepTensors) -> np.ndarray:
-    """``[B, L, layers, k]`` routes -> ``[tokens, layers, k]`` int16 at the response tokens."""
-    batch = tensors.batch
-    resp = indices[:, batch.prompt_len - 1 :]  # [B, T, layers, k]
-    return resp[batch.response_mask].cpu().numpy()
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
 
 
-def _changed(inter: np.ndarray, top_k: int) -> float:
-    """Slot-level changed fraction of intersection sizes ``[tokens, layers]`` (INVALID excluded)."""
-    valid = inter != INVALID
-    return float(1.0 - inter[valid].sum() / (top_k * valid.sum())) if valid.any() else float("nan")
-
-
-def _volatility(prefix: str, a: np.ndarray, b: np.ndarray) -> dict[str, object]:
-    # The analyzers' kernel with plain numpy reductions: the pandas tables of route_volatility cost
-    # ~7 ms a call, more than the kernel itself on one step's tokens (bench/bench_train.py).
-    top_k = a.shape[-1]
-    inter = intersection_sizes(a, b, threads=1)  # [tokens, layers] uint8, INVALID = unrecorded
-    valid = inter != INVALID
-    flipped = valid & (inter < top_k)  # [tokens, layers]
+def _route_metrics(pair: str, inter: np.ndarray, top_k: int) -> dict[str, object]:
+    rates = route_change(inter, top_k)  # one group: every value [1]
     return {
-        f"routing/{prefix}/changed": _changed(inter, top_k),
-        f"routing/{prefix}/router_flip": float(flipped.sum() / max(valid.sum(), 1)),
-        f"routing/{prefix}/token_flip": float(flipped.any(axis=1)[valid.any(axis=1)].mean()),
-        f"routing/{prefix}/changed_by_layer": [_changed(inter[:, [j]], top_k) for j in range(inter.shape[1])],
+        f"routing/{pair}/changed": float(rates["changed"][0]),
+        f"routing/{pair}/router_flip": float(rates["router_flip"][0]),
+        f"routing/{pair}/token_flip": float(rates["token_flip"][0]),
+        f"routing/{pair}/changed_by_layer": rates["changed_by_layer"][0].tolist(),
     }
 
 
-def routing_metrics(t: StepTensors, *, replay: str) -> dict[str, object]:
-    batch = t.batch
-    mask = batch.response_mask
-    old = _token_routes(t.routes_old.indices, t)
-    new = _token_routes(t.routes_new.indices, t)
-    rollout = _token_routes(batch.routes.indices, t)
-    out: dict[str, object] = {**_volatility("old_new", old, new), **_volatility("rollout_old", rollout, old)}
+def step_metrics(t: StepTensors, per_minibatch: list[dict[str, torch.Tensor]], *, replay: str) -> dict[str, object]:
+    """Every metrics.jsonl key of a step but times, reward and loss totals (docs/metrics.md)."""
+    routes = {
+        schema.COL_ROUTES_ROLLOUT: _numpy(t.response(t.batch.routes.indices)),  # [tokens, layers, k]
+        schema.COL_ROUTES_OLD: _numpy(t.response(t.routes_old)),
+        schema.COL_ROUTES_OLD_FREE: _numpy(t.response(t.routes_old_free.indices)),
+        schema.COL_ROUTES_UPDATE: _numpy(t.response(t.routes_update)),
+        schema.COL_ROUTES_NEW: _numpy(t.response(t.routes_new.indices)),
+    }
+    top_k = t.routes_old_free.top_k
+    out: dict[str, object] = loss_metrics(per_minibatch)
 
-    # Per minibatch index: how far the free routes at update time had drifted from pi_old's.
-    by_mb: list[float | None] = []
+    for pair in ("old_new", *schema.LOGP_PAIRS):
+        col_a, col_b = schema.ROUTE_PAIRS[pair]
+        out.update(_route_metrics(pair, intersection_sizes(routes[col_a], routes[col_b], threads=1), top_k))
+    # Per minibatch: how far the free routes at update time had drifted from pi_old's. Under replay
+    # the update forward does not choose its routes, so there is nothing to measure.
+    minibatch = _numpy(t.per_token(t.minibatch))  # [tokens]
+    by_mb = None
     if replay == "off":
-        inter = intersection_sizes(_token_routes(t.routes_update, t), old, threads=1)  # [tokens, layers]
-        mb_of_token = t.minibatch[:, None].expand_as(mask)[mask].numpy()  # [tokens]
-        top_k = old.shape[-1]
-        for m in range(int(t.minibatch.max()) + 1):
-            sel = mb_of_token == m
-            by_mb.append(_changed(inter[sel], top_k) if sel.any() else None)
-    out["routing/update_old/changed_by_minibatch"] = by_mb or None
+        col_a, col_b = schema.ROUTE_PAIRS["update_old"]
+        inter = intersection_sizes(routes[col_a], routes[col_b], threads=1)  # [tokens, layers]
+        n_mb = int(t.minibatch.max()) + 1
+        by_mb = route_change(inter, top_k, minibatch, n_mb)["changed"].tolist()  # NaN (-> null) for an empty one
+    out["routing/update_old/changed_by_minibatch"] = by_mb
 
-    mm = mismatch_stats(t.logp_old_free[mask].cpu().numpy(), batch.logp_rollout[mask].cpu().numpy())
-    out["mismatch/k1"] = mm["k1"]
-    out["mismatch/k3"] = mm["k3"]
-    out["mismatch/extreme_frac"] = mm["extreme_frac"]
+    logp = {
+        schema.COL_LOGP_ROLLOUT: _numpy(t.tokens(t.batch.logp_rollout)),  # [tokens]
+        schema.COL_LOGP_OLD: _numpy(t.tokens(t.logp_old)),
+        schema.COL_LOGP_OLD_FREE: _numpy(t.tokens(t.logp_old_free)),
+    }
+    for pair, (rollout, trainer) in schema.LOGP_PAIRS.items():
+        stats = mismatch_stats(logp[trainer], logp[rollout])
+        out.update({f"mismatch/{pair}/{name}": stats[name] for name in ("k1", "k3", "f2")})
 
-    counts = expert_counts(old, t.routes_old.num_experts)  # [layers, experts]
+    sequence = _numpy(t.per_token(torch.arange(t.batch.batch_size)))  # [tokens]
+    log_w = _numpy(t.tokens(t.log_w))  # [tokens]
+    out.update({f"ratio/{k}": v for k, v in ratio_stats(log_w, sequence).items()})
+    out.update({f"clip/{k}": v for k, v in clip_fractions(_numpy(t.tokens(t.clipped)), sequence, minibatch).items()})
+
+    counts = expert_counts(routes[schema.COL_ROUTES_OLD_FREE], t.routes_old_free.num_experts)  # [layers, experts]
     out["experts/load"] = (counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)).round(6).tolist()
     out["experts/load_entropy"] = [float(v) for v in load_stats(counts)["load_entropy"]]
-    if t.routes_old.entropy is not None:
-        entropy = t.routes_old.entropy[:, batch.prompt_len - 1 :][mask]  # [tokens, layers]
-        out["experts/router_entropy"] = entropy.mean(0).tolist()
+    if t.routes_old_free.entropy is not None:
+        out["experts/router_entropy"] = t.response(t.routes_old_free.entropy).mean(0).tolist()  # [layers]
     return out
-

@@ -7,7 +7,7 @@ import pyarrow as pa
 import torch
 
 from moestab.records import schema
-from moestab.train.step import StepTensors
+from moestab.train.step_tensors import StepTensors
 
 
 def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
@@ -36,7 +36,7 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
         r = indices[rows][:, P - 1 :][mask][:, layer_slots]  # [N, layers', k]
         return _fixed_list(r.to(torch.int16).cpu().numpy(), r.shape[1] * r.shape[2])
 
-    margin = t.routes_old.margin[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
+    margin = t.routes_old_free.margin[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
     group_size = len(batch.completions) // len(t.examples)
     columns = {
         schema.COL_STEP: pa.array(np.full(len(seq), step, np.int32)),
@@ -49,12 +49,14 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
         schema.COL_ADVANTAGE: pa.array(seq_col(t.advantages.float()).astype(np.float32)),
         schema.COL_LOGP_ROLLOUT: pa.array(tok(batch.logp_rollout).astype(np.float32)),
         schema.COL_LOGP_OLD: pa.array(tok(t.logp_old).astype(np.float32)),
+        schema.COL_LOGP_OLD_FREE: pa.array(tok(t.logp_old_free).astype(np.float32)),
         schema.COL_LOGP_UPDATE: pa.array(tok(t.logp_update).astype(np.float32)),
         schema.COL_LOGP_NEW: pa.array(tok(t.logp_new).astype(np.float32)),
-        schema.COL_LOG_W: pa.array(tok(t.logp_update - t.logp_old).astype(np.float32)),
+        schema.COL_LOG_W: pa.array(tok(t.log_w).astype(np.float32)),
         schema.COL_CLIPPED: pa.array(tok(t.clipped).astype(bool)),
         schema.COL_ROUTES_ROLLOUT: routes(batch.routes.indices),
-        schema.COL_ROUTES_OLD: routes(t.routes_old.indices),
+        schema.COL_ROUTES_OLD: routes(t.routes_old),
+        schema.COL_ROUTES_OLD_FREE: routes(t.routes_old_free.indices),
         schema.COL_ROUTES_UPDATE: routes(t.routes_update),
         schema.COL_ROUTES_NEW: routes(t.routes_new.indices),
         schema.COL_MARGIN_OLD: _fixed_list(margin.astype(np.float32), margin.shape[1]),

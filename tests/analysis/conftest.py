@@ -93,6 +93,7 @@ def write_run(
         reward = rng.integers(0, 2, seqs).astype(np.float32)[seq]
         logp_old = (-rng.random(rows) * 3).astype(np.float32)
         logp_rollout = (logp_old + rng.normal(0, 0.4, rows)).astype(np.float32)
+        logp_old_free = (logp_old + rng.normal(0, 0.2, rows)).astype(np.float32)
         logp_update = (logp_old + rng.normal(0, 0.5, rows)).astype(np.float32)
         logp_new = (logp_update + rng.normal(0, 0.1, rows)).astype(np.float32)
         log_w = (logp_update - logp_old).astype(np.float32)
@@ -103,6 +104,7 @@ def write_run(
         routes_new = _perturb(rng, routes_old, flip_prob, num_experts)
         routes_rollout = _perturb(rng, routes_old, np.full((rows, layers), 0.15), num_experts)
         routes_rollout[rng.random(rows) < 0.1, 0, 0] = -1  # some layer-0 routes not recorded
+        routes_old_free = _perturb(rng, routes_old, np.full((rows, layers), 0.1), num_experts)
         margin[0, 1] = np.nan
         cols = {
             schema.COL_STEP: np.full(rows, step, np.int32),
@@ -115,12 +117,14 @@ def write_run(
             schema.COL_ADVANTAGE: (reward - reward.mean()).astype(np.float32),
             schema.COL_LOGP_ROLLOUT: logp_rollout,
             schema.COL_LOGP_OLD: logp_old,
+            schema.COL_LOGP_OLD_FREE: logp_old_free,
             schema.COL_LOGP_UPDATE: logp_update,
             schema.COL_LOGP_NEW: logp_new,
             schema.COL_LOG_W: log_w,
             schema.COL_CLIPPED: np.abs(log_w) > 0.3,
             schema.COL_ROUTES_ROLLOUT: routes_rollout,
             schema.COL_ROUTES_OLD: routes_old,
+            schema.COL_ROUTES_OLD_FREE: routes_old_free,
             schema.COL_ROUTES_UPDATE: routes_update,
             schema.COL_ROUTES_NEW: routes_new,
             schema.COL_MARGIN_OLD: margin,
@@ -154,27 +158,33 @@ def write_run(
         "status": status,
         "created": "2025-01-01T00:00:00Z",
         "updated": "2025-01-01T01:00:00Z",
-        "config": {"algo": "gspo", "routing_replay": "old", "model": "embedded"},
+        "config": {"algo": "gspo", "routing_replay": "rollout", "model": "embedded", "steps": steps + 2},
         "model": {
             "family": "qwen3_moe",
             "num_layers": num_layers,
+            "moe_layers": list(range(num_layers)),
             "num_experts": num_experts,
             "top_k": top_k,
             "recorded_layers": list(recorded_layers),
         },
         "warm_start": {"accuracy": 0.25, "path": "/base"},
         "last_step": steps,
-        "final": {"accuracy": final_accuracy} if final_accuracy is not None else {},
+        **({"final": {"accuracy": final_accuracy}} if final_accuracy is not None else {}),
     }
     (path / schema.RUN_JSON).write_text(json.dumps(run.run_json))
-    (path / schema.CONFIG_YAML).write_text("algo: gspo\nrouting_replay: old\n")
+    (path / schema.CONFIG_YAML).write_text("algo: gspo\nrouting_replay: rollout\n")
     return run
 
 
 def _metrics_line(step: int, cols: dict, layers: int, top_k: int, rng: np.random.Generator) -> dict:
     """A metrics.jsonl line with every key of the run format (values need not match the tokens)."""
-    d = cols[schema.COL_LOGP_OLD].astype(np.float64) - cols[schema.COL_LOGP_ROLLOUT]
     by_layer = [float(x) for x in rng.random(layers) * 0.2]
+    mismatch = {}
+    for pair, (rollout, trainer) in schema.LOGP_PAIRS.items():
+        d = cols[trainer].astype(np.float64) - cols[rollout]
+        mismatch[f"mismatch/{pair}/k1"] = float(np.mean(-d))
+        mismatch[f"mismatch/{pair}/k3"] = float(np.mean(np.expm1(d) - d))
+        mismatch[f"mismatch/{pair}/f2"] = float(np.mean(np.abs(d) > math.log(2)))
     return {
         "step": step,
         "time/step_s": 1.0,
@@ -188,17 +198,25 @@ def _metrics_line(step: int, cols: dict, layers: int, top_k: int, rng: np.random
         "loss": 0.01,
         "grad_norm": 1.0,
         "entropy": None,  # NaN is written as null
-        "loss/clip_frac": 0.1,
+        "loss/objective/policy_loss": 0.01,
+        "clip/token_frac": 0.1,
+        "clip/token_frac_later": 0.2,
+        "clip/seq_frac": 0.15,
+        "clip/seq_frac_later": 0.3,
         "routing/old_new/changed": float(np.mean(by_layer)),
+        "routing/old_new/router_flip": 0.2,
         "routing/old_new/changed_by_layer": by_layer,
         "routing/old_new/token_flip": 0.3,
-        "routing/rollout_old/changed": 0.05 * step,
-        "routing/rollout_old/changed_by_layer": [0.05 * step] * layers,
-        "routing/rollout_old/token_flip": 0.2,
-        "routing/update_old/changed_by_minibatch": [0.0, 0.1],
-        "mismatch/k3": float(np.mean(np.expm1(d) - d)),
-        "mismatch/k1": float(np.mean(-d)),
-        "mismatch/extreme_frac": float(np.mean(np.abs(d) > math.log(2))),
+        "routing/rollout_old/changed": 0.0,
+        "routing/rollout_old/router_flip": 0.0,
+        "routing/rollout_old/changed_by_layer": [0.0] * layers,
+        "routing/rollout_old/token_flip": 0.0,
+        "routing/rollout_old_free/changed": 0.05 * step,
+        "routing/rollout_old_free/router_flip": 0.08 * step,
+        "routing/rollout_old_free/changed_by_layer": [0.05 * step] * layers,
+        "routing/rollout_old_free/token_flip": 0.2,
+        "routing/update_old/changed_by_minibatch": None,
+        **mismatch,
         "experts/load": [[1 / 8] * 8 for _ in range(layers)],
         "experts/load_entropy": [math.log(8)] * layers,
     }

@@ -143,10 +143,10 @@ def test_coactivation_matches_naive():
 
 
 def test_run_expert_counts_and_metrics_lists(fake_run):
-    from moestab.analysis.load import load_metrics
+    from moestab.records.reader import load_metrics
 
-    counts = X.run_expert_counts(fake_run.path)
-    expected = sum(X.expert_counts(c[schema.COL_ROUTES_OLD], 8) for c in fake_run.tokens.values())
+    counts = X.run_expert_counts(fake_run.path)  # pi_old's free routes by default
+    expected = sum(X.expert_counts(c[schema.COL_ROUTES_OLD_FREE], 8) for c in fake_run.tokens.values())
     assert counts.tolist() == expected.tolist()
     metrics = load_metrics(fake_run.path)
     load = X.metrics_load(metrics)

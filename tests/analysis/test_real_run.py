@@ -58,13 +58,20 @@ def test_volatility_by_minibatch_matches_raw_tables(run_dir):
         assert row.changed == pytest.approx(changed_by_sets(sel.routes_update, sel.routes_old, 2), abs=1e-12)
 
 
-def test_mismatch_matches_raw_tables(run_dir):
+@pytest.mark.parametrize(("pair", "column"), [("rollout_old", "logp_old"), ("rollout_old_free", "logp_old_free")])
+def test_mismatch_matches_raw_tables_and_the_trainers_metrics(run_dir, pair, column):
     tokens = raw_tokens(run_dir)
-    _, overall, _ = run_mismatch(run_dir)
-    d = tokens.logp_old.to_numpy(np.float64) - tokens.logp_rollout.to_numpy(np.float64)
+    _, overall, _ = run_mismatch(run_dir, pair)
+    d = tokens[column].to_numpy(np.float64) - tokens.logp_rollout.to_numpy(np.float64)
     assert overall["k3"] == pytest.approx(np.mean(np.exp(d) - 1 - d), abs=1e-12)
     assert overall["k1"] == pytest.approx(np.mean(-d), abs=1e-12)
-    assert overall["extreme_frac"] == pytest.approx(np.mean(np.abs(d) > math.log(2)), abs=1e-12)
+    assert overall["f2"] == pytest.approx(np.mean(np.abs(d) > math.log(2)), abs=1e-12)
+    metrics = [json.loads(line) for line in (run_dir / schema.METRICS_JSONL).read_text().splitlines()]
+    for m in metrics:  # the trainer logged the same numbers for each step (every sequence is recorded)
+        step = tokens[tokens.step == m["step"]]
+        d = step[column].to_numpy(np.float64) - step.logp_rollout.to_numpy(np.float64)
+        # float32 token tables vs the trainer's float32 tensors: the same values, summed in float64
+        assert m[f"mismatch/{pair}/k1"] == pytest.approx(np.mean(-d), abs=1e-9)
 
 
 def test_summary_reports_the_runs_own_numbers(run_dir):
@@ -74,7 +81,9 @@ def test_summary_reports_the_runs_own_numbers(run_dir):
     assert row["final_accuracy"] == pytest.approx(info["final"]["accuracy"])
     assert row["warm_start_accuracy"] == pytest.approx(info["warm_start"]["accuracy"])
     tokens = raw_tokens(run_dir)
-    assert row["token_clip"] == pytest.approx(tokens.clipped.mean(), abs=1e-12)
+    later = tokens[tokens.minibatch > 0]
+    per_step = later.groupby("step")["clipped"].mean()  # token-weighted, minibatches 2..n, per step
+    assert row["clip_token_frac_later"] == pytest.approx(per_step.mean(), abs=1e-12)
 
 
 def test_checkpoint_saturation_against_itself_is_one_and_against_the_start_is_not_above(run_dir):

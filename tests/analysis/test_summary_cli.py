@@ -8,23 +8,20 @@ import math
 import numpy as np
 import pytest
 
-from moestab.analysis.errors import NotARunError, RunReadWarning
-from moestab.analysis.summary import SUMMARY_COLUMNS, run_summary, summarize_runs
+from moestab.analysis.summary import SUMMARY_COLUMNS, SUMMARY_KEYS, run_summary, summarize_runs
 from moestab.records import schema
+from moestab.records.errors import NotARunError, RunFileError, SchemaVersionError
 
 from .conftest import write_run
 from .naive import volatility_metrics
 
 
-def expected_clip(fake_run) -> tuple[float, float]:
-    tokens = clipped = seqs = seqs_clipped = 0
-    for cols in fake_run.tokens.values():
-        tokens += len(cols[schema.COL_CLIPPED])
-        clipped += int(cols[schema.COL_CLIPPED].sum())
-        for s in set(cols[schema.COL_SEQ].tolist()):
-            seqs += 1
-            seqs_clipped += bool(cols[schema.COL_CLIPPED][cols[schema.COL_SEQ] == s].any())
-    return clipped / tokens, seqs_clipped / seqs
+def step_clip(cols) -> tuple[float, float]:
+    """Token and sequence clipped shares of one step's tokens, over minibatches 2..n, with plain loops."""
+    later = cols[schema.COL_MINIBATCH] > 0
+    clipped, seq = cols[schema.COL_CLIPPED][later], cols[schema.COL_SEQ][later]
+    seqs = sorted(set(seq.tolist()))
+    return float(clipped.mean()), float(np.mean([clipped[seq == s].any() for s in seqs]))
 
 
 def test_summary_row(fake_run):
@@ -33,17 +30,15 @@ def test_summary_row(fake_run):
     assert (row["run"], row["algo"], row["replay"], row["model"], row["status"]) == (
         "run_a",
         "gspo",
-        "R2",
+        "R3",
         "embedded",
         "finished",
     )
     assert row["steps"] == 3 and row["final_accuracy"] == 0.75 and row["warm_start_accuracy"] == 0.25
-    mean = np.mean
-    assert row["old_new_changed"] == pytest.approx(mean([m["routing/old_new/changed"] for m in fake_run.metrics]))
-    assert row["rollout_old_changed"] == pytest.approx(0.1)  # 0.05, 0.10, 0.15
-    assert row["mismatch_k3"] == pytest.approx(mean([m["mismatch/k3"] for m in fake_run.metrics]))
-    token_clip, seq_clip = expected_clip(fake_run)
-    assert row["token_clip"] == pytest.approx(token_clip) and row["seq_clip"] == pytest.approx(seq_clip)
+    for column, key in SUMMARY_KEYS.items():  # every stability column is the step mean of its key
+        assert row[column] == pytest.approx(np.mean([m[key] for m in fake_run.metrics])), column
+    assert row["rollout_old_free_router_flip"] == pytest.approx(0.16)  # 0.08, 0.16, 0.24
+    assert row["rollout_old_router_flip"] == 0.0
 
 
 def test_final_accuracy_falls_back_to_last_eval(tmp_path):
@@ -53,14 +48,23 @@ def test_final_accuracy_falls_back_to_last_eval(tmp_path):
 
 def test_summary_without_metrics_uses_token_tables(fake_run):
     (fake_run.path / schema.METRICS_JSONL).unlink()
-    with pytest.warns(RunReadWarning, match=r"metrics\.jsonl: missing"):
-        row = run_summary(fake_run.path)
-    cols = list(fake_run.tokens.values())
-    old = np.concatenate([c[schema.COL_ROUTES_OLD] for c in cols])
-    new = np.concatenate([c[schema.COL_ROUTES_NEW] for c in cols])
-    expected = volatility_metrics(old, new)
-    assert row["old_new_changed"] == pytest.approx(expected["changed"])
-    assert row["old_new_token_flip"] == pytest.approx(expected["token_flip"])
+    with pytest.raises(RunFileError, match=r"metrics\.jsonl: missing"):
+        run_summary(fake_run.path)  # strict by default
+    skipped = []
+    row = run_summary(fake_run.path, skipped)
+    assert [s.file.name for s in skipped] == [schema.METRICS_JSONL] and "recomputed" in skipped[0].reason
+    # Step means of per-step values, each recomputed with Python sets / loops.
+    steps = list(fake_run.tokens.values())
+    old_new = [volatility_metrics(c[schema.COL_ROUTES_OLD_FREE], c[schema.COL_ROUTES_NEW]) for c in steps]
+    free = [volatility_metrics(c[schema.COL_ROUTES_ROLLOUT], c[schema.COL_ROUTES_OLD_FREE]) for c in steps]
+    assert row["old_new_changed"] == pytest.approx(np.mean([v["changed"] for v in old_new]))
+    assert row["old_new_token_flip"] == pytest.approx(np.mean([v["token_flip"] for v in old_new]))
+    assert row["rollout_old_free_router_flip"] == pytest.approx(np.mean([v["router_flip"] for v in free]))
+    d = [c[schema.COL_LOGP_OLD_FREE].astype(np.float64) - c[schema.COL_LOGP_ROLLOUT] for c in steps]
+    assert row["rollout_old_free_k3"] == pytest.approx(np.mean([np.mean(np.exp(x) - 1 - x) for x in d]), rel=1e-9)
+    clips = [step_clip(c) for c in steps]
+    assert row["clip_token_frac_later"] == pytest.approx(np.mean([c[0] for c in clips]))
+    assert row["clip_seq_frac_later"] == pytest.approx(np.mean([c[1] for c in clips]))
     assert row["steps"] == 3 and row["final_accuracy"] == 0.75
 
 
@@ -87,12 +91,12 @@ def test_cli_json_and_csv(tmp_path, cli_main, capsys):
     assert [r["run"] for r in records] == ["a", "b"] and set(records[0]) == set(SUMMARY_COLUMNS)
     expected = summarize_runs(paths)
     for record, (_, row) in zip(records, expected.iterrows(), strict=True):
-        assert record["token_clip"] == pytest.approx(row["token_clip"])
+        assert record["clip_token_frac_later"] == pytest.approx(row["clip_token_frac_later"])
         assert record["old_new_changed"] == pytest.approx(row["old_new_changed"])
     assert cli_main(["analyze", *paths, "--csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["run"] for r in rows] == ["a", "b"]
-    assert float(rows[1]["mismatch_k3"]) == pytest.approx(expected["mismatch_k3"][1])
+    assert float(rows[1]["rollout_old_free_k3"]) == pytest.approx(expected["rollout_old_free_k3"][1])
 
 
 def test_cli_json_writes_nan_as_null(fake_run, cli_main, capsys):
@@ -108,11 +112,12 @@ def test_cli_plots(tmp_path, cli_main, capsys):
     runs = [write_run(tmp_path, name, seed=i) for i, name in enumerate(["a", "b"])]
     out = tmp_path / "figs"
     assert cli_main(["analyze", *(str(r.path) for r in runs), "--plots", str(out)]) == 0
-    expected = {"curves.png", "volatility_old_new.png", "volatility_rollout_old.png", "ratios.png", "attribution.png"}
+    expected = {"curves.png", "volatility_old_new.png", "volatility_rollout_old.png",
+                "volatility_rollout_old_free.png", "ratios.png", "attribution.png"}
     for name in ("a", "b"):
         assert {p.name for p in (out / name).iterdir()} == expected
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "wrote 5 figure(s)" in capsys.readouterr().err
+    assert "wrote 6 figure(s)" in capsys.readouterr().err
 
 
 def test_cli_not_a_run(tmp_path, cli_main, capsys):
@@ -129,16 +134,34 @@ def test_cli_reports_bad_run_and_summarises_the_good_one(tmp_path, cli_main, cap
     assert "nothing is not a moestab run folder" in captured.err
 
 
-def test_cli_corrupt_parquet(fake_run, cli_main, capsys):
+def test_cli_corrupt_parquet_without_metrics(fake_run, cli_main, capsys):
+    (fake_run.path / schema.METRICS_JSONL).unlink()
     (fake_run.path / schema.tokens_file(2)).write_bytes(b"garbage")
     assert cli_main(["analyze", str(fake_run.path), "--json"]) == 0
     captured = capsys.readouterr()
-    assert "warning" in captured.err and "step_000002.parquet" in captured.err
+    assert "warning: skipped" in captured.err and "step_000002.parquet" in captured.err
     record = json.loads(captured.out)[0]
     # Clip fractions from the readable steps 1 and 3 only.
-    steps = {k: v for k, v in fake_run.tokens.items() if k != 2}
-    clipped = np.concatenate([c[schema.COL_CLIPPED] for c in steps.values()])
-    assert record["token_clip"] == pytest.approx(clipped.mean())
+    clips = [step_clip(c) for step, c in fake_run.tokens.items() if step != 2]
+    assert record["clip_token_frac_later"] == pytest.approx(np.mean([c[0] for c in clips]))
+
+
+def test_cli_torn_metrics_line_is_reported_with_its_line_number(fake_run, cli_main, capsys):
+    with (fake_run.path / schema.METRICS_JSONL).open("a") as f:
+        f.write('{"step": 4, "reward/me')  # what a kill during an append leaves
+    assert cli_main(["analyze", str(fake_run.path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "metrics.jsonl, line 5: line 5 is not valid JSON" in captured.err
+    assert json.loads(captured.out)[0]["steps"] == 3
+
+
+def test_old_schema_is_refused_with_a_reason(fake_run, cli_main, capsys):
+    raw = dict(fake_run.run_json, schema_version=1)
+    (fake_run.path / schema.RUN_JSON).write_text(json.dumps(raw))
+    with pytest.raises(SchemaVersionError, match="older moestab"):
+        run_summary(fake_run.path)
+    assert cli_main(["analyze", str(fake_run.path)]) == 1
+    assert "Re-run it" in capsys.readouterr().err
 
 
 def test_cli_missing_metrics(fake_run, cli_main, capsys, tmp_path):
@@ -166,6 +189,6 @@ def test_cli_run_with_only_run_json(tmp_path, cli_main, capsys):
     assert cli_main(["analyze", str(run.path), "--json"]) == 0
     captured = capsys.readouterr()
     record = json.loads(captured.out)[0]
-    assert record["steps"] == 3 and record["token_clip"] is None
+    assert record["steps"] == 3 and record["clip_token_frac"] is None
     assert math.isclose(record["final_accuracy"], 0.75)
     assert "metrics.jsonl: missing" in captured.err

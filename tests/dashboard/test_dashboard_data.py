@@ -27,10 +27,11 @@ from moestab.records import schema
 def write_run_json(folder: Path, **extra) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     body = {
-        "schema_version": 1,
+        "schema_version": schema.SCHEMA_VERSION,
         "status": "finished",
-        "config": {"algo": "gspo", "routing_replay": "off", "steps": 4},
-        "model": {"family": "qwen3_moe", "num_layers": 2, "num_experts": 4, "top_k": 2, "recorded_layers": [0, 1]},
+        "config": {"algo": "gspo", "routing_replay": "off", "steps": 4, "model": "embedded"},
+        "model": {"family": "qwen3_moe", "moe_layers": [0, 1], "num_experts": 4, "top_k": 2,
+                  "recorded_layers": [0, 1]},
         "last_step": 2,
         "updated": "2025-01-01T00:00:00+00:00",
         **extra,
@@ -40,11 +41,12 @@ def write_run_json(folder: Path, **extra) -> Path:
 
 
 def write_routes(run: Path, step: int, routes: np.ndarray) -> None:
-    """A per-token table with only the ``routes_old`` column, ``routes`` ``[rows, layers, top_k]``."""
+    """A per-token table with only the ``routes_old_free`` column, ``routes`` ``[rows, layers, top_k]``."""
     (run / schema.TOKENS_DIR).mkdir(exist_ok=True)
     flat = pa.array(routes.reshape(-1).astype(np.int16), type=pa.int16())
     column = pa.FixedSizeListArray.from_arrays(flat, routes.shape[1] * routes.shape[2])
-    table = pa.table({schema.COL_ROUTES_OLD: column, schema.COL_STEP: pa.array(np.full(len(routes), step, np.int32))})
+    steps = pa.array(np.full(len(routes), step, np.int32))
+    table = pa.table({schema.COL_ROUTES_OLD_FREE: column, schema.COL_STEP: steps})
     pq.write_table(table, run / schema.tokens_file(step), row_group_size=2)
 
 
@@ -121,10 +123,9 @@ def test_run_overview_of_unusable_runs(tmp_path: Path) -> None:
     (bad / schema.RUN_JSON).write_text("{")
     with pytest.raises(RunFileError, match=r"run\.json"):
         run_overview(bad)
-    odd = write_run_json(tmp_path / "odd", config={"steps": True}, updated=5)
-    (odd / schema.METRICS_JSONL).write_text("")
-    row = run_overview(odd)
-    assert row["planned_steps"] is None and row["updated"] is None and row["error"] is None
+    odd = write_run_json(tmp_path / "odd", config={"steps": 4})  # no algo / replay / model
+    with pytest.raises(RunFileError, match="config lacks 'algo'"):
+        run_overview(odd)
 
 
 # -- run_coactivation -----------------------------------------------------------------------------
@@ -169,7 +170,7 @@ def test_run_coactivation_streamed_equals_whole_array(tmp_path: Path) -> None:
 def test_run_coactivation_without_tables_or_model(tmp_path: Path) -> None:
     assert run_coactivation(write_run_json(tmp_path / "empty"), 0) is None
     no_model = write_run_json(tmp_path / "no-model", model={})
-    with pytest.raises(ValueError, match="num_experts"):
+    with pytest.raises(RunFileError, match="does not follow the run format"):
         run_coactivation(no_model, 0)
 
 

@@ -33,4 +33,4 @@ def test_saturation_probe_rejects_a_folder_that_is_not_a_run(tmp_path, capsys, m
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(PROBE, run_name="__main__")
     assert exit_info.value.code == 2
-    assert "is not a run folder (no run.json)" in capsys.readouterr().err
+    assert "is not a moestab run folder: it has no run.json" in capsys.readouterr().err

@@ -16,17 +16,20 @@ from moestab.train import train
 from .helpers import tiny_config
 
 REQUIRED_METRICS = [
-    "step", "reward/mean", "accuracy", "response/length_mean", "loss", "grad_norm", "entropy",
-    "loss/clip/frac", "loss/clip/token_frac", "loss/ratio/token_log_var", "loss/kl/old_new_k3",
-    "routing/old_new/changed", "routing/old_new/changed_by_layer", "routing/rollout_old/changed",
-    "routing/update_old/changed_by_minibatch", "mismatch/k3", "experts/load", "experts/load_entropy",
+    "step", "reward/mean", "accuracy", "response/length_mean", "minibatches", "loss", "grad_norm", "entropy",
+    "clip/token_frac", "clip/token_frac_later", "clip/seq_frac", "clip/seq_frac_later", "ratio/token_max",
+    "ratio/token_log_var", "ratio/seq_log_var", "loss/kl/old_new_k3",
+    "routing/old_new/changed", "routing/old_new/changed_by_layer", "routing/rollout_old/router_flip",
+    "routing/rollout_old_free/router_flip", "routing/update_old/changed_by_minibatch",
+    "mismatch/rollout_old/k3", "mismatch/rollout_old_free/k3", "experts/load", "experts/load_entropy",
     "eval/accuracy",
 ]
 TOKEN_COLUMNS = [
     schema.COL_STEP, schema.COL_SEQ, schema.COL_PROMPT, schema.COL_MINIBATCH, schema.COL_POSITION,
     schema.COL_RESPONSE_LEN, schema.COL_REWARD, schema.COL_ADVANTAGE, schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD,
-    schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW, schema.COL_LOG_W, schema.COL_CLIPPED, *schema.ROUTE_COLUMNS,
-    schema.COL_MARGIN_OLD,
+    schema.COL_LOGP_OLD_FREE, schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW, schema.COL_LOG_W, schema.COL_CLIPPED,
+    schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD, schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_UPDATE,
+    schema.COL_ROUTES_NEW, schema.COL_MARGIN_OLD,
 ]
 
 
@@ -112,8 +115,8 @@ def test_volume_controls_thin_the_tables_but_not_the_step_aggregates(tmp_path, c
     assert np.array_equal(np.stack(thin_t.routes_old).reshape(-1, 2, 2), full_routes[:, [1, 3]])
     # step aggregates use every token whatever the volume controls
     metrics = [json.loads((d / schema.METRICS_JSONL).read_text().splitlines()[0]) for d in (full, thin)]
-    assert metrics[0]["routing/old_new/changed"] == metrics[1]["routing/old_new/changed"]
-    assert metrics[0]["loss/count/tokens"] == metrics[1]["loss/count/tokens"]
+    for key in ("routing/old_new/changed", "clip/token_frac", "ratio/token_log_var", "mismatch/rollout_old/k3"):
+        assert metrics[0][key] == metrics[1][key], key
 
 
 def test_bfloat16_run_writes_valid_records(tmp_path, cache_dir):

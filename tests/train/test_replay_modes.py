@@ -58,22 +58,77 @@ def test_r3_old_policy_forward_replays_rollout_routes():
     assert torch.allclose(t.logp_old_free[mask], free[mask], atol=1e-6)  # free routes still recorded
     real = batch.attention_mask.bool()
     assert torch.equal(t.routes_update[real], batch.routes.indices[real])  # updates replay rollout routes
+    assert torch.equal(t.routes_old[real], batch.routes.indices[real])  # ... which produced logp_old too
     # rollout->trainer routing mismatch is measured; expected value by Python sets (a shifted set
     # {e, e+1} still overlaps the original in e+1, so the changed fraction is below 1).
     resp = batch.response_mask
-    old = t.routes_old.indices[:, batch.prompt_len - 1 :][resp].tolist()  # [tokens][layers][k]
+    old = t.routes_old_free.indices[:, batch.prompt_len - 1 :][resp].tolist()  # [tokens][layers][k]
     roll = batch.routes.indices[:, batch.prompt_len - 1 :][resp].tolist()
     pairs = [(a, b) for ta, tb in zip(old, roll, strict=True) for a, b in zip(ta, tb, strict=True)]
     overlaps = [len(set(a) & set(b)) / len(a) for a, b in pairs]
     expected = 1 - sum(overlaps) / len(overlaps)
     assert 0.5 < expected < 1.0
-    assert metrics["routing/rollout_old/changed"] == pytest.approx(expected, abs=1e-12)
+    assert metrics["routing/rollout_old_free/changed"] == pytest.approx(expected, abs=1e-12)
+    assert metrics["routing/rollout_old/changed"] == 0.0  # the ratio's pi_old used the rollout's routes
 
 
 def test_r2_updates_replay_the_trainers_old_routes_not_the_rollouts():
     _, metrics, t = one_step("old")
     real = t.batch.attention_mask.bool()
-    assert torch.equal(t.routes_update[real], t.routes_old.indices[real])
+    assert torch.equal(t.routes_update[real], t.routes_old_free.indices[real])
+    assert torch.equal(t.routes_old[real], t.routes_old_free.indices[real])  # R2's pi_old routes freely
     assert not torch.equal(t.routes_update[real], t.batch.routes.indices[real])
     assert torch.equal(t.logp_old, t.logp_old_free)  # R2 computes pi_old with free routing
     assert metrics["routing/update_old/changed_by_minibatch"] is None  # replay hides update-time drift
+
+
+def test_minibatches_that_do_not_divide_the_batch_are_refused_before_the_rollout():
+    from moestab.train.step import minibatch_rows
+
+    with pytest.raises(ValueError, match=r"minibatches=5 does not divide the rollout batch of 32 sequences; valid: "
+                                         r"1, 2, 4, 8, 16, 32"):
+        minibatch_rows(32, 5, torch.Generator())
+    rows = minibatch_rows(10, 5, torch.Generator().manual_seed(0))
+    assert [len(r) for r in rows] == [2] * 5 and sorted(torch.cat(rows).tolist()) == list(range(10))
+
+
+class BatchShapeNoise:
+    """Logits that depend on the batch size, as GPU kernels' rounding can: a forward hook adds
+    ``1e-4 * batch * v / V`` to the logit of token ``v`` (a constant shift would cancel in the softmax)."""
+
+    def __init__(self, model):
+        self.handle = model.register_forward_hook(self.hook)
+
+    @staticmethod
+    def hook(module, args, output):
+        logits = output.logits  # [batch, seq, V]
+        ramp = torch.arange(logits.shape[-1], dtype=logits.dtype) / logits.shape[-1]  # [V]
+        output.logits = logits + 1e-4 * logits.shape[0] * ramp
+        return output
+
+
+@pytest.mark.parametrize("replay", ["off", "old", "rollout"])
+def test_without_an_update_pi_new_equals_pi_old_exactly_whatever_the_batch_shape(replay):
+    # lr = 0: the updates change nothing, so old -> new must be exactly 0, even when the model's numerics
+    # depend on the batch shape (pi_new used to run in one piece while pi_old ran in the minibatch chunks).
+    torch.manual_seed(0)
+    model, tokenizer = build_embedded_policy()
+    task = task_from_spec(TASK)
+    settings = StepSettings(
+        preset=rl.get_preset("grpo"), clip_low=0.2, clip_high=0.27, kl_coef=0.0, gamma_min=0.1, replay=replay,
+        minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
+    )
+    noise = BatchShapeNoise(model)
+    try:
+        metrics, t = run_step(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.0),
+            engine=HFRolloutEngine(model, tokenizer),
+            task=task, settings=settings, examples=task.sample(4, random.Random(0)),
+            generator=torch.Generator().manual_seed(0),
+        )
+    finally:
+        noise.handle.remove()
+    mask = t.batch.response_mask
+    assert torch.equal(t.logp_new[mask], t.logp_old_free[mask])
+    assert metrics["routing/old_new/changed"] == 0.0 and metrics["routing/old_new/token_flip"] == 0.0
+    assert torch.equal(t.logp_update[mask], t.logp_old[mask])  # every minibatch's ratio is exactly 1

@@ -1,6 +1,6 @@
 """Read run folders (docs/run-format.md, names in :mod:`moestab.records.schema`) into tidy data.
 
-- :func:`load_run_info`     run.json -> :class:`RunInfo` (checks ``schema_version``)
+- :func:`~moestab.records.run_info.read_run_info`  run.json -> :class:`RunInfo` (re-exported here)
 - :func:`load_metrics`      metrics.jsonl -> one row per step
 - :func:`list_token_files`, :func:`list_checkpoints`  what the run holds, by step
 - :func:`iter_token_batches`, :func:`iter_run_batches`  per-token Parquet streamed by row group, so a
@@ -8,19 +8,17 @@
 - :func:`route_array`, :func:`margin_array`  FixedSizeList columns -> numpy, zero-copy
 - :func:`load_tokens`       the scalar per-token columns of a run as one DataFrame (small runs)
 
-Errors: :class:`NotARunError` (no run.json), :class:`SchemaVersionError` (newer run.json),
-:class:`RunFileError` (the file asked for is missing or corrupt, named). Readers that go over many
-files or lines skip the unreadable ones with a :class:`RunReadWarning` and return the rest.
+Errors: :class:`NotARunError` (no run.json), :class:`SchemaVersionError` (a schema this moestab does
+not read), :class:`RunFileError` (the file asked for is missing or corrupt, named). Readers that go
+over many files or lines take ``skipped``: ``None`` raises on the first unreadable part, a list
+collects a :class:`Skipped` per part left out (see :mod:`moestab.records.errors`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +27,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moestab.analysis.errors import NotARunError, RunFileError, RunReadWarning, SchemaVersionError
 from moestab.records import schema
+from moestab.records.errors import RunFileError, Skipped, skip
+from moestab.records.run_info import RunInfo, read_run_info
+
+__all__ = ["RunInfo", "read_run_info"]  # extended below by the readers' own names
 
 # Values (list items included) per streamed batch when ``batch_rows`` is not given. Decoding a
 # FixedSizeList column from Parquet holds several bytes per value besides the result, so peak memory
@@ -39,154 +40,16 @@ from moestab.records import schema
 DEFAULT_BATCH_VALUES = 1 << 22
 _READ_BUFFER = 1 << 20  # bytes of Parquet read buffer per column
 
-_STEP_NAME = re.compile(r"^step_(\d{6,})$")
-_TOKENS_NAME = re.compile(r"^step_(\d{6,})\.parquet$")
 
-# Config keys that name the policy loss and the routing-replay mode. The run format does not fix
-# them (config is "every field" of the training config), so look for the usual names.
-_ALGO_KEYS = ("algo", "algorithm", "loss", "policy_loss", "objective")
-_REPLAY_KEYS = ("routing_replay", "replay", "replay_mode", "routing_replay_mode")
-# moestab.train.TrainConfig.routing_replay values -> the names of the papers.
-_REPLAY_NAMES = {"off": "off", "old": "R2", "rollout": "R3", "r2": "R2", "r3": "R3", "none": "off"}
-_MODEL_KEYS = ("model", "model_name", "model_path", "base_model", "policy")
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What run.json says about a run, with the fields the analyzers use pulled out."""
-
-    path: Path
-    """The run folder."""
-    name: str
-    """The run folder's name."""
-    schema_version: int
-    """``run.json["schema_version"]`` (<= :data:`moestab.records.schema.SCHEMA_VERSION`)."""
-    status: str
-    """``running``, ``finished``, ``failed`` or ``interrupted``; ``unknown`` if absent."""
-    algo: str | None
-    """Policy loss name from the config (first of ``algo``, ``algorithm``, ``loss``, ...), if any."""
-    replay: str | None
-    """Routing-replay mode from the config: ``off``, ``R2`` (config ``old``: pi_old's trainer routes
-    replayed), ``R3`` (config ``rollout``: the rollout engine's routes replayed), or the raw value."""
-    model: str | None
-    """Model name: from the config, else ``warm_start.path``, else ``model.family``."""
-    num_layers: int | None
-    """Number of MoE layers of the model."""
-    num_experts: int | None
-    """Routed experts per MoE layer."""
-    top_k: int | None
-    """Experts chosen per token and layer."""
-    recorded_layers: tuple[int, ...]
-    """MoE-layer ordinals present in the route columns, in column order."""
-    last_step: int | None
-    """Last completed step."""
-    warm_start_accuracy: float | None
-    """Eval accuracy of the starting policy."""
-    final_accuracy: float | None
-    """Eval accuracy after training (finished runs)."""
-    error: str | None
-    """Message of a failed run."""
-    raw: dict[str, Any] = field(repr=False, compare=False)
-    """The whole run.json."""
-
-
-def _num(value: Any) -> float | None:
-    """A JSON number as float, ``None`` for null / missing / non-numbers."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _first_key(config: dict[str, Any], keys: Sequence[str]) -> str | None:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, str | int | float) and not isinstance(value, bool):
-            return str(value)
-        if isinstance(value, dict):  # e.g. {"model": {"name": ...}} or {"loss": {"name": ...}}
-            for sub in ("name", "path", "mode"):
-                if isinstance(value.get(sub), str):
-                    return value[sub]
-    return None
-
-
-def _replay_name(value: str | None) -> str | None:
-    return None if value is None else _REPLAY_NAMES.get(value.lower(), value)
-
-
-def load_run_info(run: str | Path) -> RunInfo:
-    """Read ``RUN/run.json``.
-
-    Raises :class:`NotARunError` if ``run`` is not a folder with a run.json,
-    :class:`RunFileError` if run.json is not a JSON object with an integer ``schema_version``, and
-    :class:`SchemaVersionError` if that version is newer than
-    :data:`moestab.records.schema.SCHEMA_VERSION`.
-    """
-    path = Path(run)
-    if not path.is_dir():
-        raise NotARunError(f"{path} is not a moestab run folder: not a directory")
-    run_json = path / schema.RUN_JSON
-    if not run_json.is_file():
-        raise NotARunError(f"{path} is not a moestab run folder: it has no {schema.RUN_JSON}")
-    try:
-        raw = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunFileError(run_json, f"unreadable or not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise RunFileError(run_json, "not a JSON object")
-    version = raw.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise RunFileError(run_json, f"schema_version missing or not an integer (got {version!r})")
-    if version > schema.SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"{run_json}: schema_version {version} is newer than this moestab reads "
-            f"(<= {schema.SCHEMA_VERSION}); upgrade moestab to analyse this run"
-        )
-    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
-    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    warm = raw.get("warm_start") if isinstance(raw.get("warm_start"), dict) else {}
-    final = raw.get("final") if isinstance(raw.get("final"), dict) else {}
-    layers = model.get("recorded_layers")
-    recorded = tuple(layers) if isinstance(layers, list) else ()
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in recorded):
-        raise RunFileError(run_json, f"model.recorded_layers must be a list of integers, got {layers!r}")
-    model_name = _first_key(config, _MODEL_KEYS)
-    if model_name is None and isinstance(warm.get("path"), str):
-        model_name = warm["path"]
-    if model_name is None and isinstance(model.get("family"), str):
-        model_name = model["family"]
-
-    def _int(value: Any) -> int | None:
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return RunInfo(
-        path=path,
-        name=path.resolve().name,
-        schema_version=version,
-        status=str(raw.get("status", "unknown")),
-        algo=_first_key(config, _ALGO_KEYS),
-        replay=_replay_name(_first_key(config, _REPLAY_KEYS)),
-        model=model_name,
-        num_layers=_int(model.get("num_layers")),
-        num_experts=_int(model.get("num_experts")),
-        top_k=_int(model.get("top_k")),
-        recorded_layers=recorded,
-        last_step=_int(raw.get("last_step")),
-        warm_start_accuracy=_num(warm.get("accuracy")),
-        final_accuracy=_num(final.get("accuracy")),
-        error=raw.get("error") if isinstance(raw.get("error"), str) else None,
-        raw=raw,
-    )
-
-
-def load_metrics(run: str | Path) -> pd.DataFrame:
+def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.DataFrame:
     """Read ``RUN/metrics.jsonl`` into a DataFrame, one row per step, sorted by ``step``.
 
     Columns are the keys of the lines (``step``, ``reward/mean``, ``routing/old_new/changed``, ...);
     JSON ``null`` becomes NaN in numeric columns, list-valued keys (``.../changed_by_layer``,
     ``experts/load``) stay as Python lists in object columns. A line that is not a JSON object with
-    an integer ``step`` (e.g. the torn last line of a running run) is skipped with a
-    :class:`RunReadWarning`; when a step appears twice (a resumed run) the last line wins. Raises
-    :class:`RunFileError` if the file is missing or unreadable.
+    an integer ``step`` (e.g. the torn last line of a running run) goes to ``skipped`` (raises
+    :class:`RunFileError` naming the line when ``skipped`` is ``None``); when a step appears twice (a
+    resumed run) the last line wins. Raises :class:`RunFileError` if the file is missing or unreadable.
     """
     path = Path(run) / schema.METRICS_JSONL
     try:
@@ -196,23 +59,19 @@ def load_metrics(run: str | Path) -> pd.DataFrame:
     except (OSError, UnicodeDecodeError) as exc:
         raise RunFileError(path, f"unreadable ({exc})") from exc
     rows: list[dict[str, Any]] = []
-    bad: list[int] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            bad.append(number)
+        except json.JSONDecodeError as exc:
+            skip(skipped, RunFileError(path, f"line {number} is not valid JSON ({exc.msg})"), line=number)
             continue
         step = row.get("step") if isinstance(row, dict) else None
         if isinstance(step, bool) or not isinstance(step, int):
-            bad.append(number)
+            skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
             continue
         rows.append(row)
-    if bad:
-        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
-        warnings.warn(RunReadWarning(f"{path}: skipped {len(bad)} unreadable line(s) (line {shown})"), stacklevel=2)
     frame = pd.DataFrame.from_records(rows)
     if frame.empty:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
@@ -220,30 +79,30 @@ def load_metrics(run: str | Path) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
-def load_runs_metrics(runs: Iterable[str | Path]) -> pd.DataFrame:
+def load_runs_metrics(runs: Iterable[str | Path], skipped: list[Skipped] | None = None) -> pd.DataFrame:
     """:func:`load_metrics` of several runs stacked, with a leading ``run`` column (folder name)."""
     frames = []
     for run in runs:
-        frame = load_metrics(run)
+        frame = load_metrics(run, skipped)
         frame.insert(0, "run", Path(run).resolve().name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"run": [], "step": []})
 
 
-def _list_steps(folder: Path, pattern: re.Pattern[str], want_dir: bool) -> pd.DataFrame:
+def _list_steps(folder: Path, parse, want_dir: bool) -> pd.DataFrame:
     rows = []
     if folder.is_dir():
         for entry in folder.iterdir():
-            match = pattern.match(entry.name)
-            if match and entry.is_dir() == want_dir:
-                rows.append({"step": int(match.group(1)), "path": entry})
+            step = parse(entry.name)
+            if step is not None and entry.is_dir() == want_dir:
+                rows.append({"step": step, "path": entry})
     frame = pd.DataFrame(rows, columns=["step", "path"])
     return frame.sort_values("step", kind="stable").reset_index(drop=True).astype({"step": "int64"})
 
 
 def list_token_files(run: str | Path) -> pd.DataFrame:
     """Per-token tables of a run: columns ``step`` (int) and ``path``, sorted by step (may be empty)."""
-    return _list_steps(Path(run) / schema.TOKENS_DIR, _TOKENS_NAME, want_dir=False)
+    return _list_steps(Path(run) / schema.TOKENS_DIR, schema.parse_tokens_name, want_dir=False)
 
 
 def list_checkpoints(run: str | Path) -> pd.DataFrame:
@@ -251,7 +110,7 @@ def list_checkpoints(run: str | Path) -> pd.DataFrame:
 
     Checkpoints are renamed into place when complete (run format), so every listed folder is whole.
     """
-    return _list_steps(Path(run) / schema.CHECKPOINTS_DIR, _STEP_NAME, want_dir=True)
+    return _list_steps(Path(run) / schema.CHECKPOINTS_DIR, schema.parse_step_name, want_dir=True)
 
 
 def open_token_file(path: str | Path) -> pq.ParquetFile:
@@ -306,11 +165,12 @@ def iter_run_batches(
     columns: Sequence[str] | None = None,
     steps: Iterable[int] | None = None,
     batch_rows: int | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Stream the per-token tables of a run (``steps`` only, if given) as ``(step, batch)``.
 
-    A file that is corrupt or lacks a column is skipped (from the point of failure) with a
-    :class:`RunReadWarning` naming it; the other files are still read.
+    A file that is corrupt or lacks a column goes to ``skipped`` from the point of failure (the other
+    files are still read); with ``skipped=None`` its :class:`RunFileError` is raised.
     """
     files = list_token_files(run)
     if steps is not None:
@@ -322,8 +182,8 @@ def iter_run_batches(
                 rows += batch.num_rows
                 yield int(step), batch
         except RunFileError as exc:
-            note = f" after {rows} row(s)" if rows else ""
-            warnings.warn(RunReadWarning(f"skipped{note}: {exc}"), stacklevel=2)
+            note = f"; left out from row {rows} on" if rows else "; left out"
+            skip(skipped, RunFileError(exc.path, exc.problem + note))
 
 
 def _fixed_list_values(column: pa.Array | pa.ChunkedArray, width: int, fill: Any) -> np.ndarray:
@@ -386,16 +246,17 @@ def iter_run_routes(
     other_columns: Sequence[str] = (),
     steps: Iterable[int] | None = None,
     batch_rows: int | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch, dict[str, np.ndarray]]]:
     """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays.
 
     Yields ``(step, batch, {column: routes})``. A file whose route column is malformed (a width that
-    is not a multiple of ``top_k``, route columns of different widths) is skipped from there on with
-    a :class:`RunReadWarning` naming it.
+    is not a multiple of ``top_k``, route columns of different widths) goes to ``skipped`` from there
+    on (raises with ``skipped=None``).
     """
     bad: set[int] = set()
     columns = [*route_columns, *(c for c in other_columns if c not in route_columns)]
-    for step, batch in iter_run_batches(run, columns, steps=steps, batch_rows=batch_rows):
+    for step, batch in iter_run_batches(run, columns, steps=steps, batch_rows=batch_rows, skipped=skipped):
         if step in bad:
             continue
         try:
@@ -404,8 +265,8 @@ def iter_run_routes(
                 raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
         except (ValueError, pa.ArrowException) as exc:
             bad.add(step)
-            problem = RunFileError(Path(run) / schema.tokens_file(step), f"malformed route column: {exc}")
-            warnings.warn(RunReadWarning(f"skipped the rest of the file: {problem}"), stacklevel=2)
+            where = Path(run) / schema.tokens_file(step)
+            skip(skipped, RunFileError(where, f"malformed route column ({exc}); the rest of the file is left out"))
             continue
         yield step, batch, routes
 
@@ -441,13 +302,14 @@ def load_tokens(
     run: str | Path,
     columns: Sequence[str] | None = None,
     steps: Iterable[int] | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> pd.DataFrame:
     """The scalar per-token columns of a run's tables (``steps`` only, if given) as one DataFrame.
 
     ``columns`` defaults to every non-list column (route and margin columns are read with
     :func:`route_array` / :func:`margin_array` instead). Holds everything in memory: for large runs
-    pass only the columns needed, or stream with :func:`iter_run_batches`. Unreadable files are
-    skipped with a :class:`RunReadWarning`.
+    pass only the columns needed, or stream with :func:`iter_run_batches`. Unreadable files go to
+    ``skipped`` (raise with ``skipped=None``).
     """
     wanted = list(columns) if columns is not None else None
     tables: list[pa.Table] = []
@@ -463,9 +325,9 @@ def load_tokens(
                 raise RunFileError(path, f"missing column(s) {missing}")
             tables.append(parquet.read(columns=names))
         except RunFileError as exc:
-            warnings.warn(RunReadWarning(f"skipped: {exc}"), stacklevel=2)
+            skip(skipped, exc)
         except (OSError, pa.ArrowException) as exc:
-            warnings.warn(RunReadWarning(f"skipped: {path}: corrupt Parquet data ({exc})"), stacklevel=2)
+            skip(skipped, RunFileError(path, f"corrupt Parquet data ({exc})"))
     if not tables:
         return pd.DataFrame(columns=wanted or [])
     table = pa.concat_tables(tables, promote_options="default")
@@ -491,3 +353,23 @@ def finite_or_none(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+__all__ += [
+    "DEFAULT_BATCH_VALUES",
+    "default_batch_rows",
+    "finite_or_none",
+    "iter_run_batches",
+    "iter_run_routes",
+    "iter_token_batches",
+    "list_checkpoints",
+    "list_token_files",
+    "load_metrics",
+    "load_runs_metrics",
+    "load_tokens",
+    "margin_array",
+    "open_token_file",
+    "read_routes",
+    "route_array",
+    "scalar_columns",
+]

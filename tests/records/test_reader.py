@@ -1,22 +1,27 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moestab.analysis import load as L
-from moestab.analysis.errors import NotARunError, RunFileError, RunReadWarning, SchemaVersionError
+from moestab.records import reader as L
 from moestab.records import schema
+from moestab.records.errors import NotARunError, RunFileError, SchemaVersionError
+from tests.analysis.conftest import write_run
+
+
+@pytest.fixture
+def fake_run(tmp_path):
+    return write_run(tmp_path)
 
 
 def test_run_info(fake_run):
-    info = L.load_run_info(fake_run.path)
+    info = L.read_run_info(fake_run.path)
     assert info.name == "run_a" and info.status == "finished"
-    assert (info.algo, info.replay, info.model) == ("gspo", "R2", "embedded")
+    assert (info.algo, info.replay, info.replay_label, info.model_name) == ("gspo", "rollout", "R3", "embedded")
     assert (info.num_layers, info.num_experts, info.top_k) == (4, 8, 2)
     assert info.recorded_layers == (0, 2, 3)
     assert (info.last_step, info.warm_start_accuracy, info.final_accuracy) == (3, 0.25, 0.75)
@@ -84,23 +89,23 @@ def test_load_tokens(fake_run):
 
 def test_not_a_run(tmp_path):
     with pytest.raises(NotARunError, match=r"no run\.json"):
-        L.load_run_info(tmp_path)
+        L.read_run_info(tmp_path)
     with pytest.raises(NotARunError, match="not a directory"):
-        L.load_run_info(tmp_path / "missing")
+        L.read_run_info(tmp_path / "missing")
 
 
 def test_newer_schema_is_refused(fake_run):
     raw = dict(fake_run.run_json, schema_version=schema.SCHEMA_VERSION + 1)
     (fake_run.path / schema.RUN_JSON).write_text(json.dumps(raw))
     with pytest.raises(SchemaVersionError, match="newer"):
-        L.load_run_info(fake_run.path)
+        L.read_run_info(fake_run.path)
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"status": "running"}'])
 def test_corrupt_run_json_is_named(fake_run, content):
     (fake_run.path / schema.RUN_JSON).write_text(content)
     with pytest.raises(RunFileError, match=r"run\.json") as info:
-        L.load_run_info(fake_run.path)
+        L.read_run_info(fake_run.path)
     assert info.value.path == fake_run.path / schema.RUN_JSON
 
 
@@ -110,12 +115,16 @@ def test_missing_metrics_is_named(fake_run):
         L.load_metrics(fake_run.path)
 
 
-def test_torn_metrics_line_is_a_warning(fake_run):
+def test_torn_metrics_line_is_skipped_with_file_line_and_reason(fake_run):
     with open(fake_run.path / schema.METRICS_JSONL, "a") as f:
         f.write('{"step": 4, "loss": 0.')  # a running run's half-written line
-    with pytest.warns(RunReadWarning, match=r"metrics.jsonl: skipped 1 unreadable line\(s\) \(line 5\)"):
-        metrics = L.load_metrics(fake_run.path)
+    with pytest.raises(RunFileError, match="line 5 is not valid JSON"):
+        L.load_metrics(fake_run.path)  # strict without a skipped list
+    skipped = []
+    metrics = L.load_metrics(fake_run.path, skipped)
     assert metrics["step"].tolist() == [1, 2, 3]
+    (part,) = skipped
+    assert (part.file, part.line) == (fake_run.path / schema.METRICS_JSONL, 5) and "not valid JSON" in part.reason
 
 
 def test_corrupt_parquet_is_skipped_with_a_warning(fake_run):
@@ -123,21 +132,23 @@ def test_corrupt_parquet_is_skipped_with_a_warning(fake_run):
     bad.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(RunFileError, match=r"step_000002\.parquet"):
         list(L.iter_token_batches(bad))
-    with pytest.warns(RunReadWarning, match=r"step_000002\.parquet"):
-        steps = {step for step, _ in L.iter_run_batches(fake_run.path, [schema.COL_LOG_W])}
-    assert steps == {1, 3}
-    with pytest.warns(RunReadWarning, match=r"step_000002\.parquet"):
-        tokens = L.load_tokens(fake_run.path, columns=[schema.COL_STEP])
-    assert set(tokens[schema.COL_STEP]) == {1, 3}
+    skipped = []
+    steps = {step for step, _ in L.iter_run_batches(fake_run.path, [schema.COL_LOG_W], skipped=skipped)}
+    assert steps == {1, 3} and [s.file for s in skipped] == [bad]
+    skipped = []
+    tokens = L.load_tokens(fake_run.path, columns=[schema.COL_STEP], skipped=skipped)
+    assert set(tokens[schema.COL_STEP]) == {1, 3} and [s.file for s in skipped] == [bad]
+    with pytest.raises(RunFileError, match=r"step_000002\.parquet"):
+        L.load_tokens(fake_run.path, columns=[schema.COL_STEP])
 
 
 def test_truncated_parquet_is_skipped_with_a_warning(fake_run):
     path = fake_run.path / schema.tokens_file(3)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.warns(RunReadWarning, match=r"step_000003\.parquet"):
-        steps = {step for step, _ in L.iter_run_batches(fake_run.path, [schema.COL_LOG_W])}
-    assert steps == {1, 2}
+    skipped = []
+    steps = {step for step, _ in L.iter_run_batches(fake_run.path, [schema.COL_LOG_W], skipped=skipped)}
+    assert steps == {1, 2} and [s.file for s in skipped] == [path]
 
 
 def test_missing_column_is_named(fake_run):
@@ -146,29 +157,29 @@ def test_missing_column_is_named(fake_run):
     pq.write_table(table, path)
     with pytest.raises(RunFileError, match=r"missing column\(s\) \['routes_new'\]"):
         list(L.iter_token_batches(path, [schema.COL_ROUTES_NEW]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        steps = [s for s, _ in L.iter_run_batches(fake_run.path, [schema.COL_ROUTES_NEW])]
-    assert set(steps) == {2, 3} and any("step_000001" in str(w.message) for w in caught)
+    skipped = []
+    steps = [s for s, _ in L.iter_run_batches(fake_run.path, [schema.COL_ROUTES_NEW], skipped=skipped)]
+    assert set(steps) == {2, 3} and [s.file.name for s in skipped] == ["step_000001.parquet"]
 
 
 def test_malformed_route_column_skips_the_file(fake_run):
     from moestab.analysis.volatility import run_volatility, volatility_table
-
-    from .naive import volatility_metrics
+    from tests.analysis.naive import volatility_metrics
 
     path = fake_run.path / schema.tokens_file(2)
     table = pq.read_table(path)
     rows = table.num_rows
     odd = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(rows * 5, np.int16)), 5)  # 5 is not layers * top_k
-    table = table.set_column(table.schema.get_field_index(schema.COL_ROUTES_OLD), schema.COL_ROUTES_OLD, odd)
+    column = schema.COL_ROUTES_OLD_FREE
+    table = table.set_column(table.schema.get_field_index(column), column, odd)
     pq.write_table(table, path)
-    with pytest.warns(RunReadWarning, match=r"step_000002\.parquet: malformed route column"):
-        counts = run_volatility(fake_run.path, "old_new")
+    skipped = []
+    counts = run_volatility(fake_run.path, "old_new", skipped=skipped)
+    assert [s.file for s in skipped] == [path] and "malformed route column" in skipped[0].reason
     got = volatility_table(counts).iloc[0]
     steps = [fake_run.tokens[s] for s in (1, 3)]
     expected = volatility_metrics(
-        np.concatenate([c[schema.COL_ROUTES_OLD] for c in steps]),
+        np.concatenate([c[schema.COL_ROUTES_OLD_FREE] for c in steps]),
         np.concatenate([c[schema.COL_ROUTES_NEW] for c in steps]),
     )
     assert got["changed"] == pytest.approx(expected["changed"]) and got["tokens"] == expected["tokens"]

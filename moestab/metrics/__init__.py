@@ -1,0 +1,13 @@
+"""The definition of every metric moestab reports, once: pure numpy functions over arrays.
+
+The trainer's step metrics (``moestab.train.step_metrics``), the analyzers (``moestab.analysis``)
+and the dashboard all call these, so a number in metrics.jsonl and the same number recomputed from
+the per-token tables are one computation (docs/metrics.md lists every key and its function):
+
+- ``routes``    comparing two route sets: the intersection kernel and ``change_rates``
+                (changed, router_flip, token_flip, ...)
+- ``kl``        per-token k1 / k3 estimators and the extreme-token threshold (F(2))
+- ``mismatch``  rollout -> trainer log-prob mismatch (k1, k3, f2, chi2)
+- ``ratios``    step ratio statistics (``w``, ``s``) and clip fractions (all minibatches and 2..n)
+- ``experts``   expert load, load entropy, co-activation
+"""

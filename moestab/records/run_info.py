@@ -1,0 +1,232 @@
+"""``RunInfo``: run.json as a typed object, read and written only here (docs/run-format.md, "run.json")."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from moestab import __version__
+from moestab.records import schema
+from moestab.records.errors import NotARunError, RunFileError, SchemaVersionError
+
+
+def now() -> str:
+    """The current UTC time as ISO-8601 (seconds), the format of ``created`` / ``updated``."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def json_safe(value: Any) -> Any:
+    """NaN / inf -> None (JSON has no NaN), recursively; tuples -> lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """run.json ``model``: the policy's MoE layout and which layers the per-token tables hold."""
+
+    family: str
+    """transformers ``model_type``."""
+    moe_layers: tuple[int, ...]
+    """Decoder-layer indices of the MoE layers."""
+    num_experts: int
+    """Routed experts per MoE layer."""
+    top_k: int
+    """Experts chosen per token and layer."""
+    recorded_layers: tuple[int, ...]
+    """Decoder-layer indices of the MoE layers in the route columns, in column order (a subset of ``moe_layers``)."""
+
+    @property
+    def num_layers(self) -> int:
+        """Number of MoE layers."""
+        return len(self.moe_layers)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Everything run.json holds. Read with :func:`read_run_info`, written by ``RunWriter``."""
+
+    config: dict[str, Any]
+    """The resolved training config: every field of ``moestab.train.TrainConfig``, defaults included."""
+    model: ModelInfo
+    status: str = schema.STATUS_RUNNING
+    """``running``, ``finished``, ``failed`` (see ``error``) or ``interrupted``."""
+    created: str = ""
+    updated: str = ""
+    last_step: int = 0
+    """Last completed step."""
+    warm_start: dict[str, Any] | None = None
+    """``accuracy`` of the starting policy on the eval set, ``path`` of the base, ``record`` of its warm start."""
+    final_accuracy: float | None = None
+    """Eval accuracy after training (finished runs); run.json ``final.accuracy``."""
+    error: str | None = None
+    """Message of a failed or interrupted run."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    """What the numbers may depend on besides the config: ``torch_threads``, ``torch``, ``transformers``."""
+    moestab_version: str = __version__
+    schema_version: int = schema.SCHEMA_VERSION
+    path: Path | None = field(default=None, compare=False)
+    """The run folder it was read from (not stored)."""
+
+    # ---- derived views --------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The run folder's name."""
+        return "" if self.path is None else self.path.resolve().name
+
+    @property
+    def algo(self) -> str:
+        return str(self.config["algo"])
+
+    @property
+    def replay(self) -> str:
+        """Routing Replay mode as configured: ``off``, ``old`` or ``rollout``."""
+        return str(self.config["routing_replay"])
+
+    @property
+    def replay_label(self) -> str:
+        """The papers' name of the replay mode: ``off``, ``R2`` or ``R3``."""
+        return schema.REPLAY_LABELS[self.replay]
+
+    @property
+    def model_name(self) -> str:
+        return str(self.config["model"])
+
+    @property
+    def top_k(self) -> int:
+        return self.model.top_k
+
+    @property
+    def num_experts(self) -> int:
+        return self.model.num_experts
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    @property
+    def recorded_layers(self) -> tuple[int, ...]:
+        return self.model.recorded_layers
+
+    @property
+    def planned_steps(self) -> int:
+        return int(self.config["steps"])
+
+    @property
+    def warm_start_accuracy(self) -> float | None:
+        value = (self.warm_start or {}).get("accuracy")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    # ---- JSON -----------------------------------------------------------------------------------
+    def updated_with(self, **fields: Any) -> RunInfo:
+        """A copy with ``fields`` changed and ``updated`` set to now."""
+        return replace(self, **fields, updated=now())
+
+    def to_json(self) -> dict[str, Any]:
+        """The run.json object (docs/run-format.md)."""
+        out: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "moestab_version": self.moestab_version,
+            "status": self.status,
+            "created": self.created,
+            "updated": self.updated,
+            "config": self.config,
+            "model": {**asdict(self.model), "num_layers": self.model.num_layers},
+            "environment": self.environment,
+            "last_step": self.last_step,
+        }
+        if self.warm_start is not None:
+            out["warm_start"] = self.warm_start
+        if self.final_accuracy is not None:
+            out["final"] = {"accuracy": self.final_accuracy}
+        if self.error is not None:
+            out["error"] = self.error
+        return json_safe(out)
+
+    @classmethod
+    def from_json(cls, raw: Any, source: Path) -> RunInfo:
+        """Parse a run.json object read from ``source`` (run.json's path); :class:`RunFileError` names what is wrong."""
+        if not isinstance(raw, dict):
+            raise RunFileError(source, "not a JSON object")
+        version = raw.get("schema_version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise RunFileError(source, f"schema_version missing or not an integer (got {version!r})")
+        if version > schema.SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{source}: schema_version {version} is newer than this moestab reads "
+                f"({schema.SCHEMA_VERSION}); upgrade moestab to analyse this run"
+            )
+        if version < schema.SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{source}: schema_version {version} was written by an older moestab whose pi_old columns and "
+                f"mismatch keys meant different things under R3; it cannot be upgraded (the free pi_old was not "
+                f"recorded). Re-run it with this moestab ({raw.get('moestab_version', '?')} -> {__version__})"
+            )
+        try:
+            model = raw["model"]
+            info = cls(
+                config=dict(raw["config"]),
+                model=ModelInfo(
+                    family=str(model["family"]),
+                    moe_layers=tuple(_ints(model["moe_layers"])),
+                    num_experts=int(model["num_experts"]),
+                    top_k=int(model["top_k"]),
+                    recorded_layers=tuple(_ints(model["recorded_layers"])),
+                ),
+                status=str(raw["status"]),
+                created=str(raw.get("created", "")),
+                updated=str(raw.get("updated", "")),
+                last_step=int(raw.get("last_step", 0)),
+                warm_start=raw.get("warm_start"),
+                final_accuracy=(raw.get("final") or {}).get("accuracy"),
+                error=raw.get("error"),
+                environment=dict(raw.get("environment") or {}),
+                moestab_version=str(raw.get("moestab_version", "")),
+                schema_version=version,
+                path=source.parent,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunFileError(source, f"does not follow the run format ({type(exc).__name__}: {exc})") from exc
+        for key in ("algo", "routing_replay", "model", "steps"):
+            if key not in info.config:
+                raise RunFileError(source, f"config lacks {key!r}")
+        if info.replay not in schema.REPLAY_MODES:
+            raise RunFileError(source, f"config.routing_replay {info.replay!r} is not one of {schema.REPLAY_MODES}")
+        if info.status not in schema.STATUSES:
+            raise RunFileError(source, f"status {info.status!r} is not one of {schema.STATUSES}")
+        return info
+
+
+def _ints(values: Any) -> list[int]:
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"expected a list of integers, got {values!r}")
+    return values
+
+
+def read_run_info(run: str | Path) -> RunInfo:
+    """Read ``RUN/run.json``.
+
+    Raises :class:`NotARunError` if ``run`` is not a folder with a run.json, :class:`RunFileError` if
+    run.json is not valid JSON in the run format, and :class:`SchemaVersionError` if its schema version
+    is not :data:`moestab.records.schema.SCHEMA_VERSION`.
+    """
+    path = Path(run)
+    if not path.is_dir():
+        raise NotARunError(f"{path} is not a moestab run folder: not a directory")
+    run_json = path / schema.RUN_JSON
+    if not run_json.is_file():
+        raise NotARunError(f"{path} is not a moestab run folder: it has no {schema.RUN_JSON}")
+    try:
+        raw = json.loads(run_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunFileError(run_json, f"unreadable or not valid JSON ({exc})") from exc
+    return RunInfo.from_json(raw, run_json)
