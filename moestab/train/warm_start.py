@@ -3,7 +3,9 @@
 RL needs a policy that is sometimes right: a random tiny model never earns a reward. The warm
 start trains on (prompt, answer) pairs with teacher forcing and stops as soon as the greedy eval
 accuracy reaches ``target``, so RL has room to improve. The result is deterministic given its
-inputs and cached under a key made of all of them.
+inputs and cached under a key made of all of them. It is built under a fixed torch thread count:
+CPU float results depend on it, so the caller's (machine-dependent) count would otherwise change
+the base behind an unchanged key.
 """
 
 from __future__ import annotations
@@ -11,16 +13,21 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.tasks import Task
 from moestab.train.evaluate import greedy_accuracy
+from moestab.train.threads import torch_threads
 
-WARM_START_VERSION = 1  # bump when the procedure changes, so old cache entries are not reused
+WARM_START_VERSION = 2  # bump when the procedure changes, so old cache entries are not reused
+# 1: the only count every machine can run, so the base cannot depend on the core count.
+WARM_START_THREADS = 1
 MARKER = "warm_start.json"
 
 
@@ -39,7 +46,7 @@ class WarmStartSpec:
     eval_every: int = 50
 
     def key(self) -> str:
-        blob = json.dumps({"v": WARM_START_VERSION, **asdict(self)}, sort_keys=True)
+        blob = json.dumps({"v": WARM_START_VERSION, "threads": WARM_START_THREADS, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -69,6 +76,21 @@ def warm_start(spec: WarmStartSpec, task: Task, cache_dir: Path, *, log=print) -
     if marker.is_file():
         return path, json.loads(marker.read_text())
     log(f"warm start: building the base policy ({task.spec}, target accuracy {spec.target:.0%})")
+    with torch_threads(WARM_START_THREADS):
+        model, tokenizer, step, accuracy = _train_base(spec, task, log)
+    record = {"steps": step, "accuracy": accuracy, "threads": WARM_START_THREADS, "key": spec.key(),
+              "spec": asdict(spec)}
+    if accuracy < spec.target:
+        log(f"warm start: stopped at the step cap {spec.max_steps} with accuracy {accuracy:.1%}")
+    save_policy(model, tokenizer, path)
+    (path / MARKER).write_text(json.dumps(record, indent=2))  # written last: marks a complete entry
+    return path, record
+
+
+def _train_base(
+    spec: WarmStartSpec, task: Task, log: Callable[[str], None]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, int, float]:
+    """Model, tokenizer, steps taken and last eval accuracy of a freshly trained base."""
     model, tokenizer = build_embedded_policy(spec.model)
     rng = random.Random(spec.seed)
     eval_set = task.eval_set(spec.eval_size, seed=spec.seed)
@@ -91,9 +113,4 @@ def warm_start(spec: WarmStartSpec, task: Task, cache_dir: Path, *, log=print) -
             if step % spec.eval_every == 0:
                 accuracy = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
                 log(f"warm start: step {step}, loss {loss.item():.3f}, eval accuracy {accuracy:.1%}")
-    record = {"steps": step, "accuracy": accuracy, "key": spec.key(), "spec": asdict(spec)}
-    if accuracy < spec.target:
-        log(f"warm start: stopped at the step cap {spec.max_steps} with accuracy {accuracy:.1%}")
-    save_policy(model, tokenizer, path)
-    (path / MARKER).write_text(json.dumps(record, indent=2))  # written last: marks a complete entry
-    return path, record
+    return model, tokenizer, step, accuracy
