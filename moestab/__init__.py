@@ -7,7 +7,8 @@ Importing the package has no side effects; subpackages are imported on demand:
 - ``moestab.rl``       log-probs, ratios, advantages, KL and the registered policy losses
 - ``moestab.tasks``    verifiable-reward tasks
 - ``moestab.train``    the GSPO/GRPO training loop behind ``moestab train``
-- ``moestab.records``  the run-folder format (writer side)
+- ``moestab.metrics``  the one definition of every metric (numpy), shared by the trainer and the analyzers
+- ``moestab.records``  the run-folder format: the only reader and writer of run folders
 - ``moestab.analysis`` analyzers over run folders
 """
 

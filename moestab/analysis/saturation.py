@@ -4,11 +4,12 @@ OLMoE (arXiv 2409.02060, §"Router saturation"): for probe tokens ``x`` and a la
 ``saturation = (1/N) sum_x |TopK_t(x) ∩ TopK_ref(x)| / k`` (the reference is usually the final
 checkpoint), and the top-1 variant, the share of tokens whose top-1 expert matches the reference's.
 
-Top-1 is read from slot 0, the best expert by the router's selection score for every family:
-``RoutingRecorder`` sorts each decision's slots by that score, best first, also for DeepSeek-V3,
-whose router picks with ``topk(..., sorted=False)`` (its score is the bias-corrected sigmoid within
-the selected groups, not the gate weight). Routes from an engine that does not sort its top-k make
-the top-1 variant meaningless (the top-k variant, compared as sets, is unaffected).
+Top-1 is read from slot 0, so routes given to :func:`router_saturation` must list each decision's
+experts best first. :func:`record_probe_routes` makes sure of it for every family: it records the
+selection score of each chosen expert and ranks the slots by it (``Routes.ranked``), which matters for
+DeepSeek-V3, whose router picks with ``topk(..., sorted=False)`` (its score is the bias-corrected
+sigmoid within the selected groups, not the gate weight). The top-k variant compares sets and does not
+depend on slot order.
 
 Route arrays are ``[tokens, layers, top_k]`` int16, -1 = not recorded; a token whose routes in a
 layer hold a -1 (in either array) is left out of that layer.
@@ -70,7 +71,8 @@ def record_probe_routes(
     Runs ``model(input_ids=..., attention_mask=...)`` in batches under
     :class:`moestab.routing.RoutingRecorder` (no grad). ``input_ids``, ``attention_mask``:
     ``[probes, seq]``. Returns int16 routes ``[tokens, layers, top_k]`` for the tokens where the mask
-    is 1, in row-major (probe, position) order, and the decoder-layer index of each layer.
+    is 1, in row-major (probe, position) order, each decision's slots ranked by the router's selection
+    score (slot 0 = its top-1), and the decoder-layer index of each layer.
     """
     import torch
 
@@ -91,9 +93,9 @@ def record_probe_routes(
         for start in range(0, ids.shape[0], batch_size):
             batch_ids = ids[start : start + batch_size].to(device)  # [b, seq]
             batch_mask = mask[start : start + batch_size].to(device)  # [b, seq]
-            with torch.no_grad(), RoutingRecorder(model, margin=False, entropy=False) as recorder:
+            with torch.no_grad(), RoutingRecorder(model, margin=False, entropy=False, slot_scores=True) as recorder:
                 model(input_ids=batch_ids, attention_mask=batch_mask)
-            routes = recorder.routes
+            routes = recorder.routes.ranked()
             layers = routes.layers
             indices = routes.indices.cpu()  # [b, seq, layers, top_k]
             keep = batch_mask.cpu().bool()  # [b, seq]

@@ -24,6 +24,7 @@ class _Frame:
     rows: torch.Tensor | None  # [kept] rows of the batch being recorded; None = all
     indices: list[torch.Tensor | None]  # per layer [kept, seq, top_k]
     logits: list[torch.Tensor | None]  # per layer [kept, seq, experts], kept only when stats are asked
+    slot_scores: list[torch.Tensor | None]  # per layer [kept, seq, top_k], kept only when asked
 
 
 @dataclass
@@ -57,6 +58,8 @@ class RoutingRecorder:
         margin: also record the selection-score gap between the k-th and (k+1)-th expert.
         entropy: also record the entropy of softmax(router logits).
         router_logprobs: also record log-softmax of the router logits over all experts (large).
+        slot_scores: also record each chosen expert's selection score (``Routes.slot_scores``), the
+            ranking its family used; ``Routes.ranked()`` then puts the top-1 in slot 0 for every family.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class RoutingRecorder:
         margin: bool = True,
         entropy: bool = True,
         router_logprobs: bool = False,
+        slot_scores: bool = False,
     ) -> None:
         if not 0.0 < sequence_fraction <= 1.0:
             raise ValueError(f"sequence_fraction must be in (0, 1], got {sequence_fraction}")
@@ -87,6 +91,7 @@ class RoutingRecorder:
         self.record_margin = margin
         self.record_entropy = entropy
         self.record_logprobs = router_logprobs
+        self.record_slot_scores = slot_scores
         self._handles: list[RemovableHandle] = []
         self._frame: _Frame | None = None
         self._segments: list[_Segment] = []
@@ -135,7 +140,7 @@ class RoutingRecorder:
             self._segments.append(segment)
             self._rows_seen += call.batch
         n = len(self.sites)
-        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n)
+        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n, [None] * n)
         self._routes = None
 
     def _sample_rows(self, batch: int) -> torch.Tensor | None:
@@ -161,6 +166,10 @@ class RoutingRecorder:
             rows = frame.rows
             idx = chosen.view(batch, seq, -1)  # [batch, seq, top_k]
             frame.indices[ordinal] = idx if rows is None else idx[rows.to(idx.device)]
+            if self.record_slot_scores:
+                scores = site.adapter.selection_scores(module, logits.detach()).gather(-1, chosen)  # [N, top_k]
+                scores = scores.float().view(batch, seq, -1)  # [batch, seq, top_k]
+                frame.slot_scores[ordinal] = scores if rows is None else scores[rows.to(scores.device)]
             if self._wants_logits:
                 # Statistics are computed once per forward over all layers in _end (fewer kernel launches).
                 logits = logits.detach().view(batch, seq, -1)  # [batch, seq, experts]
@@ -187,9 +196,13 @@ class RoutingRecorder:
                 pad = ~(mask if frame.rows is None else mask[frame.rows.to(mask.device)])  # [kept, seq]
                 pad = pad.to(indices.device)
                 indices = indices.masked_fill(pad[:, :, None, None], -1)
-            margin = entropy = logprobs = None
+            margin = entropy = logprobs = slot_scores = None
             if self._wants_logits:
                 margin, entropy, logprobs = self._stats(frame.logits, pad)
+            if self.record_slot_scores:
+                slot_scores = torch.stack(frame.slot_scores, dim=2)  # [kept, seq, layers, top_k]
+                if pad is not None:
+                    slot_scores = slot_scores.masked_fill(pad[:, :, None, None], float("nan"))
         self._segments[-1].frames.append(
             Routes(
                 indices=indices,
@@ -198,6 +211,7 @@ class RoutingRecorder:
                 margin=margin,
                 entropy=entropy,
                 router_logprobs=logprobs,
+                slot_scores=slot_scores,
             )
         )
 
@@ -246,6 +260,7 @@ class RoutingRecorder:
             margin=cat(lambda f: f.margin),
             entropy=cat(lambda f: f.entropy),
             router_logprobs=cat(lambda f: f.router_logprobs),
+            slot_scores=cat(lambda f: f.slot_scores),
             rows=rows,
         )
 

@@ -15,9 +15,9 @@ class Routes:
     """Recorded (or to-be-replayed) routing decisions of a batch of sequences.
 
     Positions are aligned with the model's input positions; ``-1`` marks padding and anything not
-    recorded. Slots within a layer are sorted by the router's selection score, best first, in every
-    family (``RoutingRecorder`` sorts its copy; DeepSeek-V3's router does not sort), so slot 0 is the
-    top-1; routes recorded under ``RoutingReplay`` keep the replayed order. Compare other slots as sets.
+    recorded. Slots within a layer are in the router's own order, which replay reproduces exactly;
+    compare them as sets. That order is not always best first (DeepSeek-V3 picks with
+    ``topk(sorted=False)``): to read the top-1, record ``slot_scores`` and use :meth:`ranked`.
     """
 
     indices: torch.Tensor
@@ -31,6 +31,10 @@ class Routes:
     """``[batch, seq, layers]`` float32 entropy (nats) of softmax(router logits); NaN at padding."""
     router_logprobs: torch.Tensor | None = None
     """``[batch, seq, layers, num_experts]`` float32 log-softmax of the router logits (opt-in; large)."""
+    slot_scores: torch.Tensor | None = None
+    """``[batch, seq, layers, top_k]`` float32 selection score of each chosen expert: what the family ranked to
+    pick it (``RouterAdapter.selection_scores``: the router logit for softmax families, the bias-corrected
+    sigmoid for DeepSeek-V3); NaN at padding (opt-in)."""
     rows: torch.Tensor | None = None
     """``[batch]`` int64 row of each sequence among all inputs recorded (set when sampling sequences)."""
 
@@ -71,8 +75,18 @@ class Routes:
             margin=pick(self.margin),
             entropy=pick(self.entropy),
             router_logprobs=pick(self.router_logprobs),
+            slot_scores=pick(self.slot_scores),
             rows=pick(self.rows),
         )
+
+    def ranked(self) -> Routes:
+        """These routes with each decision's slots sorted by ``slot_scores``, best first: slot 0 is the
+        router's top-1 in every family. For analysis only: replaying ranked routes forces the same
+        experts, but in another slot order than the router's, which can change float rounding."""
+        if self.slot_scores is None:
+            raise ValueError("ranking slots needs slot_scores: record with RoutingRecorder(..., slot_scores=True)")
+        order = self.slot_scores.nan_to_num(float("-inf")).argsort(dim=-1, descending=True, stable=True)
+        return replace(self, indices=self.indices.gather(-1, order), slot_scores=self.slot_scores.gather(-1, order))
 
     def to(self, device: torch.device | str) -> Routes:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -84,6 +98,7 @@ class Routes:
             margin=move(self.margin),
             entropy=move(self.entropy),
             router_logprobs=move(self.router_logprobs),
+            slot_scores=move(self.slot_scores),
             rows=move(self.rows),
         )
 
@@ -116,6 +131,7 @@ class Routes:
             margin=padded(lambda p: p.margin, float("nan")),
             entropy=padded(lambda p: p.entropy, float("nan")),
             router_logprobs=padded(lambda p: p.router_logprobs, float("nan")),
+            slot_scores=padded(lambda p: p.slot_scores, float("nan")),
             rows=None if any(r is None for r in rows) else torch.cat(rows),
         )
 

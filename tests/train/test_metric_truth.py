@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from moestab.analysis.attribution import run_attribution
-from moestab.analysis.summary import run_summary
+from moestab.cli import main
 from moestab.records import schema
 from moestab.train import train
 
@@ -54,7 +54,13 @@ def off(tmp_path_factory, cache_dir):
     return run(tmp_path_factory.mktemp("truth"), cache_dir, "off")
 
 
-def test_r3_removes_the_mismatch_of_the_ratios_pi_old_but_not_of_the_free_one(r3):
+def analyze_json(run_dir, capsys) -> dict:
+    assert main(["analyze", str(run_dir), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    return row
+
+
+def test_r3_removes_the_mismatch_of_the_ratios_pi_old_but_not_of_the_free_one(r3, capsys):
     out, metrics, tokens = r3
     # token tables: as used ~ 0 (same routes, same gates; only generate's KV-cache rounding), free > 0
     used, free = k3(tokens.logp_old, tokens.logp_rollout), k3(tokens.logp_old_free, tokens.logp_rollout)
@@ -68,14 +74,15 @@ def test_r3_removes_the_mismatch_of_the_ratios_pi_old_but_not_of_the_free_one(r3
         assert m["mismatch/rollout_old_free/k3"] == pytest.approx(k3(step.logp_old_free, step.logp_rollout), rel=1e-4)
         assert m["routing/rollout_old_free/router_flip"] == pytest.approx(
             router_flip(step.routes_rollout, step.routes_old_free), abs=1e-12)
-    row = run_summary(out)  # and so does `moestab analyze --json`
+    row = analyze_json(out, capsys)  # and so does `moestab analyze --json`
+    assert row["replay"] == "R3"
     assert row["rollout_old_k3"] < 1e-9 < 1e-5 < row["rollout_old_free_k3"]
     assert row["rollout_old_router_flip"] == 0.0
     assert row["rollout_old_free_router_flip"] == pytest.approx(
         np.mean([m["routing/rollout_old_free/router_flip"] for m in metrics]))
 
 
-def test_without_replay_both_sides_are_the_same_numbers_and_both_positive(off):
+def test_without_replay_both_sides_are_the_same_numbers_and_both_positive(off, capsys):
     out, metrics, tokens = off
     assert np.array_equal(tokens.logp_old, tokens.logp_old_free)
     assert np.array_equal(np.stack(tokens.routes_old), np.stack(tokens.routes_old_free))
@@ -84,8 +91,9 @@ def test_without_replay_both_sides_are_the_same_numbers_and_both_positive(off):
             assert m[f"mismatch/rollout_old/{stat}"] == m[f"mismatch/rollout_old_free/{stat}"]
         assert m["mismatch/rollout_old/k3"] > 1e-5 and m["routing/rollout_old/router_flip"] > 0.05
         assert m["routing/rollout_old/router_flip"] == m["routing/rollout_old_free/router_flip"]
-    row = run_summary(out)
+    row = analyze_json(out, capsys)
     assert row["rollout_old_k3"] == row["rollout_old_free_k3"] > 1e-5
+    assert row["rollout_old_router_flip"] == row["rollout_old_free_router_flip"] > 0.05
 
 
 def test_r3_attribution_labels_no_token_flipped_where_both_sides_of_log_w_replay_the_same_routes(r3):

@@ -1,0 +1,83 @@
+"""Rerun README's default job (`moestab train --routing-replay off`) over several seeds and print its
+headline numbers as mean +- sd, in the Markdown table README shows.
+
+    .venv/bin/python scripts/default_run_stats.py [--seeds 0 1 2] [--threads 2] [--out runs/readme]
+
+Every number in README's "What the default run does" comes from this script's output. The warm-started
+base does not depend on the thread count (it is built single-threaded); the RL steps do (CPU float
+reductions split by thread), so the count is an argument and is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from moestab.records.reader import load_metrics, read_run_info
+from moestab.train import TrainConfig, train
+
+ROWS = (
+    # (label, function of (run info, metrics frame) -> value, format)
+    ("warm-start steps", lambda info, m: info.warm_start["record"]["steps"], "{:.0f}"),
+    ("eval accuracy at the start", lambda info, m: 100 * info.warm_start_accuracy, "{:.1f}%"),
+    ("eval accuracy after 60 steps", lambda info, m: 100 * info.final_accuracy, "{:.1f}%"),
+    ("routing changed old->new (slots, step mean)", lambda info, m: 100 * m["routing/old_new/changed"].mean(),
+     "{:.2f}%"),
+    ("routers flipped old->new", lambda info, m: 100 * m["routing/old_new/router_flip"].mean(), "{:.2f}%"),
+    ("tokens with >= 1 flipped layer old->new", lambda info, m: 100 * m["routing/old_new/token_flip"].mean(),
+     "{:.1f}%"),
+    *(
+        (f"update->old changed, minibatch {i + 1}",
+         lambda info, m, i=i: 100 * m["routing/update_old/changed_by_minibatch"].map(lambda v: v[i]).mean(),
+         "{:.2f}%")
+        for i in range(4)
+    ),
+    ("GSPO clipped sequences, minibatches 2-4", lambda info, m: 100 * m["clip/seq_frac_later"].mean(), "{:.1f}%"),
+    ("GSPO clipped tokens, minibatches 2-4", lambda info, m: 100 * m["clip/token_frac_later"].mean(), "{:.1f}%"),
+    ("rollout->trainer routers flipped (free pi_old)",
+     lambda info, m: 100 * m["routing/rollout_old_free/router_flip"].mean(), "{:.3f}%"),
+    ("rollout->trainer k3 (free pi_old)", lambda info, m: m["mismatch/rollout_old_free/k3"].mean(), "{:.1e}"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads of the RL steps")
+    parser.add_argument("--out", type=Path, default=Path("runs/readme"))
+    parser.add_argument("--cache-dir", default=None, help="warm-start cache (default: moestab's)")
+    args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    values: dict[str, list[float]] = {label: [] for label, _, _ in ROWS}
+    times = []
+    for seed in args.seeds:
+        out = args.out / f"gspo-off-seed{seed}"
+        if not (out / "run.json").is_file():
+            start = time.perf_counter()
+            config = TrainConfig(routing_replay="off", seed=seed, out=str(out), threads=args.threads,
+                                 progress=False, cache_dir=args.cache_dir)
+            train(config, log=lambda s: None)
+            times.append(time.perf_counter() - start)
+        info, metrics = read_run_info(out), load_metrics(out)
+        for label, get, _ in ROWS:
+            values[label].append(float(get(info, metrics)))
+        print(f"seed {seed}: {out} ({info.status}, {info.environment.get('torch_threads')} threads)", flush=True)
+
+    print(f"\n{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}), {args.threads} torch threads; "
+          f"wall time per run (warm start + 60 steps): "
+          + (", ".join(f"{t:.0f} s" for t in times) if times else "runs reused"))
+    print("\n| quantity | mean +- sd |\n|---|---|")
+    for label, _, fmt in ROWS:
+        xs = values[label]
+        sd = statistics.stdev(xs) if len(xs) > 1 else float("nan")
+        print(f"| {label} | {fmt.format(statistics.mean(xs))} +- {fmt.format(sd)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
