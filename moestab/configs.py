@@ -113,12 +113,24 @@ def coerce(cls: type, name: str, raw: Any) -> Any:
         if typ in (tuple, list):
             items = raw if isinstance(raw, list | tuple) else [s for s in str(raw).split(",") if s.strip()]
             (elem,) = {a for a in typing.get_args(_strip_optional(hint)) if a is not Ellipsis} or {str}
-            return tuple(elem(x) for x in items)
-        if typ is int and isinstance(raw, float) and not raw.is_integer():
-            raise ValueError(raw)
-        return typ(raw)
+            try:
+                return tuple(_scalar(elem, x) for x in items)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{name}: {raw!r} is not a comma-separated list of {elem.__name__} values") from exc
+        return _scalar(typ, raw)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: {raw!r} is not a valid {getattr(typ, '__name__', typ)}") from exc
+
+
+def _scalar(typ: type, raw: Any) -> Any:
+    """``raw`` as ``typ``; YAML booleans are not numbers (``steps: true`` would otherwise read as 1)."""
+    if typ in (int, float) and isinstance(raw, bool):
+        raise ValueError(raw)
+    if typ is int and isinstance(raw, float) and not raw.is_integer():
+        raise ValueError(raw)
+    return typ(raw)
 
 
 def _strip_optional(hint: Any) -> Any:

@@ -66,7 +66,9 @@ st.dataframe(
     width="stretch",
     column_config={
         "run": st.column_config.TextColumn("run", help="Folder, relative to the runs folder", pinned=True),
-        "status": st.column_config.TextColumn("status", help="finished / running / failed / interrupted"),
+        "status": st.column_config.TextColumn(
+            "status", help="finished / running / failed / interrupted / stopped (its process died: resumable)"
+        ),
         "steps": st.column_config.TextColumn("steps", help="Last completed step / planned steps"),
         "final_accuracy": st.column_config.NumberColumn(
             "final acc.", format="percent", help="Eval accuracy after training (last eval of unfinished runs)"

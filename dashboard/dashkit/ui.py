@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,18 @@ from moestab.analysis.dashboard_data import find_runs, run_fingerprint
 from . import loaders
 
 RUNS_ENV = "MOESTAB_RUNS"
+"""The one environment variable naming the runs folder."""
 DEFAULT_RUNS_DIR = "runs"
+
+# Why the sidebar shows the folder it shows (one per source, in the order they are tried).
+FROM_ARGV = "from the command line"
+FROM_ENV = f"from `${RUNS_ENV}`"
+FROM_DEFAULT = f"default: ./{DEFAULT_RUNS_DIR}"
+FROM_BOX = "typed in the box above"
+
+# Spellings people try instead of MOESTAB_RUNS (compared upper-cased, without "_" and "-"). They are
+# never read, only named in the sidebar: a silently ignored variable shows the wrong folder.
+_MISSPELT_RUNS_ENV = re.compile(r"MOESTABRUNS?(DIR|PATH|FOLDER|ROOT)?")
 
 SELECTED = "moestab_selected_runs"
 """Session-state key: run folders (str) chosen for comparison."""
@@ -31,13 +43,30 @@ _SHOWN = "moestab_shown"  # (run, message) pairs already shown on this page
 PAGE_RUNS = "app_pages/runs.py"
 
 
-def runs_dir_from(argv: Sequence[str], environ: Mapping[str, str]) -> str:
-    """The runs folder: the first argument after ``--`` of ``streamlit run app.py -- DIR``, else
-    ``$MOESTAB_RUNS``, else ``runs``."""
+def runs_dir_and_source(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, str]:
+    """The runs folder and why it was chosen (:data:`FROM_ARGV`, :data:`FROM_ENV` or :data:`FROM_DEFAULT`):
+    the first argument after ``--`` of ``streamlit run app.py -- DIR``, else ``$MOESTAB_RUNS``, else ``runs``."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("runs_dir", nargs="?")
     known, _ = parser.parse_known_args(list(argv[1:]))
-    return known.runs_dir or environ.get(RUNS_ENV) or DEFAULT_RUNS_DIR
+    if known.runs_dir:
+        return known.runs_dir, FROM_ARGV
+    if environ.get(RUNS_ENV):
+        return environ[RUNS_ENV], FROM_ENV
+    return DEFAULT_RUNS_DIR, FROM_DEFAULT
+
+
+def runs_dir_from(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """The runs folder of :func:`runs_dir_and_source`."""
+    return runs_dir_and_source(argv, environ)[0]
+
+
+def ignored_runs_env(environ: Mapping[str, str]) -> list[str]:
+    """Set variables that look like a misspelt ``$MOESTAB_RUNS`` (``MOESTAB_RUNS_DIR``, ``MOESTAB_RUN_DIR``,
+    ``moestab_runs``, ...), sorted; none when ``$MOESTAB_RUNS`` itself is set."""
+    if RUNS_ENV in environ:
+        return []
+    return sorted(name for name in environ if _MISSPELT_RUNS_ENV.fullmatch(re.sub(r"[_-]", "", name.upper())))
 
 
 @dataclass(frozen=True)
@@ -110,7 +139,7 @@ def _sync_selection(ctx: RunsContext) -> None:
 
 def sidebar() -> RunsContext:
     """Draw the sidebar (runs folder, Refresh, auto-refresh, selection) and build the context."""
-    default_dir = runs_dir_from(_argv(), os.environ)
+    default_dir, source = runs_dir_and_source(_argv(), os.environ)
     with st.sidebar:
         st.markdown("### moestab")
         folder = st.text_input(
@@ -118,8 +147,17 @@ def sidebar() -> RunsContext:
             value=default_dir,
             key="moestab_runs_dir",
             help="Folder holding run folders (searched 3 levels deep). Set at start-up by "
-            "`moestab dashboard DIR`, `streamlit run dashboard/app.py -- DIR` or $MOESTAB_RUNS.",
+            f"`moestab dashboard DIR`, `streamlit run dashboard/app.py -- DIR` or `${RUNS_ENV}`.",
         )
+        shown = folder or default_dir
+        if shown != default_dir:
+            source = FROM_BOX
+        st.caption(f"Runs folder: `{Path(shown).expanduser().resolve()}` ({source})")
+        for name in ignored_runs_env(os.environ):
+            st.warning(
+                f"`${name}` is set but ignored: the runs folder variable is `${RUNS_ENV}`.",
+                icon=":material/warning:",
+            )
         if st.button("Refresh", icon=":material/refresh:", help="Re-read every run folder now"):
             loaders.clear()
         ctx = _discover(Path(folder or default_dir).expanduser())
@@ -141,7 +179,7 @@ def sidebar() -> RunsContext:
 
 def _status(run: RunRef) -> str | None:
     loaded = loaders.info(run.path, run.key)
-    return None if loaded.value is None else loaded.value.status
+    return None if loaded.value is None else loaded.value.live_status()  # a dead writer's run is "stopped"
 
 
 def _watch(root: str) -> None:

@@ -42,7 +42,8 @@ SUMMARY_COLUMNS = (
 )
 """Columns of :func:`summarize_runs`, in order (each documented in docs/metrics.md, "moestab analyze"):
 
-- ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3), ``model``, ``status`` from run.json;
+- ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3), ``model``, ``status`` from run.json (a
+  ``running`` run whose writer is gone reads ``stopped``, see ``RunInfo.live_status``);
 - ``steps``: ``last_step``; ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
   ``warm_start_accuracy``;
 - the keys of :data:`SUMMARY_KEYS`: step means of metrics.jsonl keys;
@@ -110,7 +111,7 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[s
         "algo": info.algo,
         "replay": info.replay_label,
         "model": info.model_name,
-        "status": info.status,
+        "status": info.live_status(),  # a "running" run whose writer died reads "stopped"
         "steps": info.last_step,
         "final_accuracy": final,
         "warm_start_accuracy": np.nan if info.warm_start_accuracy is None else info.warm_start_accuracy,

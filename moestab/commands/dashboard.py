@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "Start the Streamlit dashboard comparing the run folders under RUNS_DIR (default: runs/)."
+HELP = "Start the Streamlit dashboard comparing the run folders under RUNS_DIR (default: $MOESTAB_RUNS, else runs/)."
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501

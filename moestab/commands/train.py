@@ -16,9 +16,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+    import traceback
+
     from transformers.utils import logging as hf_logging
 
     from moestab.configs import ConfigError, build_config, load_yaml
+    from moestab.records.errors import RunError
+    from moestab.records.run_info import read_run_info
     from moestab.routing import RoutingError
     from moestab.tasks import TaskError
     from moestab.train import TrainConfig, TrainingError, train
@@ -26,10 +31,21 @@ def run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # per-checkpoint load/save bars would drown the training bar
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "config")}
     try:
-        config = build_config(TrainConfig, load_yaml(args.config) if args.config else {}, flags)
+        layers = [load_yaml(args.config) if args.config else {}, flags]
+        config = build_config(TrainConfig, *layers)  # the flags alone must be valid
+        if config.resume:  # a run is resumed with its own settings; flags may change only the resumable ones
+            try:
+                saved = {k: v for k, v in read_run_info(config.resume).config.items() if k not in ("out", "resume")}
+            except RunError as exc:
+                raise TrainingError(f"--resume {config.resume}: {exc}") from exc
+            config = build_config(TrainConfig, saved, *layers)
         result = train(config)
     except (ConfigError, TrainingError, TaskError, RoutingError) as exc:
-        print(f"moestab train: error: {exc}")
+        print(f"moestab train: error: {exc}", file=sys.stderr)
+        cause = exc.__cause__
+        if isinstance(exc, TrainingError) and cause is not None and not isinstance(cause, OSError | RunError):
+            print("moestab train: the error was raised here:", file=sys.stderr)
+            traceback.print_exception(cause, file=sys.stderr)
         return 2
     start = f"{result.start_accuracy:.1%}" if result.start_accuracy is not None else "n/a"
     final = f"{result.final_accuracy:.1%}" if result.final_accuracy is not None else "n/a"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +19,25 @@ from moestab.records.errors import NotARunError, RunFileError, SchemaVersionErro
 def now() -> str:
     """The current UTC time as ISO-8601 (seconds), the format of ``created`` / ``updated``."""
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+STALE_AFTER_S = 600.0
+"""A ``running`` run whose writer is on another host and has not beaten for this long is ``stopped``."""
+
+
+def this_writer() -> dict[str, Any]:
+    """run.json ``writer`` of the current process: host, PID and a fresh heartbeat."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": now()}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def json_safe(value: Any) -> Any:
@@ -72,6 +93,8 @@ class RunInfo:
     """Message of a failed or interrupted run."""
     environment: dict[str, Any] = field(default_factory=dict)
     """What the numbers may depend on besides the config: ``torch_threads``, ``torch``, ``transformers``."""
+    writer: dict[str, Any] = field(default_factory=dict)
+    """The process writing the run: ``host``, ``pid`` and ``heartbeat`` (ISO time, renewed while it runs)."""
     moestab_version: str = __version__
     schema_version: int = schema.SCHEMA_VERSION
     path: Path | None = field(default=None, compare=False)
@@ -121,6 +144,24 @@ class RunInfo:
     def planned_steps(self) -> int:
         return int(self.config["steps"])
 
+    def live_status(self, *, at: datetime | None = None) -> str:
+        """``status``, except that a ``running`` run whose writer is gone is ``stopped`` (resumable).
+
+        After a SIGKILL or a power loss nothing can write the status, so it is judged here: on the
+        writer's host, by whether its PID is alive; elsewhere, by a heartbeat older than
+        :data:`STALE_AFTER_S`.
+        """
+        if self.status != schema.STATUS_RUNNING:
+            return self.status
+        host, pid, beat = self.writer.get("host"), self.writer.get("pid"), self.writer.get("heartbeat")
+        if host == socket.gethostname() and isinstance(pid, int):
+            return schema.STATUS_RUNNING if _pid_alive(pid) else schema.STATUS_STOPPED
+        try:
+            age = ((at or datetime.now(UTC)) - datetime.fromisoformat(str(beat))).total_seconds()
+        except ValueError:
+            return schema.STATUS_STOPPED  # no heartbeat at all: nothing vouches for a live writer
+        return schema.STATUS_STOPPED if age > STALE_AFTER_S else schema.STATUS_RUNNING
+
     @property
     def warm_start_accuracy(self) -> float | None:
         value = (self.warm_start or {}).get("accuracy")
@@ -142,6 +183,7 @@ class RunInfo:
             "config": self.config,
             "model": {**asdict(self.model), "num_layers": self.model.num_layers},
             "environment": self.environment,
+            "writer": self.writer,
             "last_step": self.last_step,
         }
         if self.warm_start is not None:
@@ -190,6 +232,7 @@ class RunInfo:
                 final_accuracy=(raw.get("final") or {}).get("accuracy"),
                 error=raw.get("error"),
                 environment=dict(raw.get("environment") or {}),
+                writer=dict(raw.get("writer") or {}),
                 moestab_version=str(raw.get("moestab_version", "")),
                 schema_version=version,
                 path=source.parent,

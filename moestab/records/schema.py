@@ -28,6 +28,8 @@ STATUS_FINISHED = "finished"
 STATUS_FAILED = "failed"
 STATUS_INTERRUPTED = "interrupted"
 STATUSES = (STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED, STATUS_INTERRUPTED)
+# Never written: what readers report for a "running" run whose writer died (SIGKILL, power loss).
+STATUS_STOPPED = "stopped"
 
 # Routing Replay modes (config ``routing_replay``) and the papers' names for them.
 REPLAY_MODES = ("off", "old", "rollout")

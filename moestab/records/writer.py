@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +14,48 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moestab.records import schema
-from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info
+from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info, this_writer
+
+HEARTBEAT_S = 60.0
+"""How often a running writer renews run.json's ``writer.heartbeat`` (see ``RunInfo.live_status``)."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves no temporary behind
+
+
+def leftover_temporaries(run_dir: Path) -> list[Path]:
+    """Files and folders an interrupted write leaves in a run folder: ``.*.tmp`` and ``.step_*.old``."""
+    found = []
+    for folder in (run_dir, *(run_dir / sub for sub in (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR))):
+        if folder.is_dir():
+            found += [p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
+    return sorted(found)
+
+
+def remove_temporaries(run_dir: Path) -> list[Path]:
+    """Delete :func:`leftover_temporaries`; returns what was removed."""
+    removed = leftover_temporaries(run_dir)
+    for path in removed:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return removed
 
 
 class RunWriter:
-    """Appends to one run folder; every file it writes is complete or absent (atomic renames)."""
+    """Appends to one run folder; every file it writes is complete or absent (atomic renames).
+
+    run.json is read-modify-written under a lock, so :meth:`beating` can renew the heartbeat from a
+    thread while the loop updates the run.
+    """
 
     def __init__(self, run_dir: str | Path) -> None:
         self.dir = Path(run_dir)
+        self._lock = threading.Lock()
 
     @property
     def run_json(self) -> Path:
@@ -40,37 +71,82 @@ class RunWriter:
         for sub in (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.dir / schema.CONFIG_YAML, config_yaml)
-        info = RunInfo(config=config, model=model, environment=environment, created=now(), updated=now())
-        self._write_info(info)
+        info = RunInfo(config=config, model=model, environment=environment, writer=this_writer(),
+                       created=now(), updated=now())
+        with self._lock:
+            self._write_info(info)
         return info
 
     def update(self, **fields: Any) -> RunInfo:
-        """Change ``fields`` of run.json (names of :class:`RunInfo` fields) and stamp ``updated``."""
-        info = self.read_info().updated_with(**fields)
-        self._write_info(info)
+        """Change ``fields`` of run.json (names of :class:`RunInfo` fields), stamp ``updated`` and the heartbeat."""
+        with self._lock:
+            info = self.read_info().updated_with(**fields, writer=this_writer())
+            self._write_info(info)
         return info
 
     def _write_info(self, info: RunInfo) -> None:
         atomic_write_text(self.run_json, json.dumps(info.to_json(), indent=2) + "\n")
+
+    def beating(self, every: float = HEARTBEAT_S) -> _Heartbeat:
+        """Context manager: a daemon thread renews the heartbeat every ``every`` seconds while inside."""
+        return _Heartbeat(self, every)
 
     def append_metrics(self, metrics: dict[str, Any]) -> None:
         with (self.dir / schema.METRICS_JSONL).open("a") as f:
             f.write(json.dumps(json_safe(metrics)) + "\n")
             f.flush()
 
-    def truncate_metrics(self, last_step: int) -> None:
-        """Drop metric lines after ``last_step`` (a resumed run recomputes them)."""
+    def truncate_metrics(self, last_step: int) -> list[int]:
+        """Drop metric lines after ``last_step`` (a resumed run recomputes them) and lines that are not
+        JSON objects with a ``step`` (the torn last line a kill during an append leaves).
+
+        Returns the 1-based numbers of the torn lines dropped.
+        """
         path = self.dir / schema.METRICS_JSONL
         if not path.exists():
-            return
-        keep = []
-        for line in path.read_text().splitlines():
-            if line.strip() and json.loads(line)["step"] <= last_step:
+            return []
+        keep, torn = [], []
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                torn.append(number)
+                continue
+            if step <= last_step:
                 keep.append(line)
         atomic_write_text(path, "".join(f"{line}\n" for line in keep))
+        return torn
 
     def write_tokens(self, step: int, table: pa.Table) -> None:
         path = self.dir / schema.tokens_file(step)
         tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp, row_group_size=65_536)
-        os.replace(tmp, path)
+        try:
+            pq.write_table(table, tmp, row_group_size=65_536)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class _Heartbeat:
+    def __init__(self, writer: RunWriter, every: float) -> None:
+        self.writer, self.every = writer, every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread = threading.Thread(target=self._run, name="moestab-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            # A full disk must not kill the thread: the loop's own writes report the failure.
+            with contextlib.suppress(OSError):
+                self.writer.update()

@@ -59,10 +59,14 @@ def load_jsonl(path: str | os.PathLike[str], *, numeric: bool = False) -> list[E
 
 
 def _parse_line(line: str, where: str, number: int, *, numeric: bool) -> Example:
+    # Parse without the line ending: the parser skips "\r\n" as whitespace, so an error at the end of
+    # a cut-off line would otherwise be placed on the "next line", at column 1. Without it, exc.pos is
+    # 0-based within this line, counted in characters as an editor counts them.
+    text = line.removesuffix("\n").removesuffix("\r")
     try:
-        row = json.loads(line)
+        row = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TaskDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise TaskDataError(f"{where}: not valid JSON ({exc.msg} at column {exc.pos + 1})") from None
     if not isinstance(row, dict):
         raise TaskDataError(f'{where}: expected a JSON object {{"prompt": ..., "answer": ...}}, got {_json_type(row)}')
     missing = [key for key in ("prompt", "answer") if key not in row]

@@ -6,7 +6,10 @@ exist; both are written to temporary names and renamed, so a kill never leaves a
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,9 +29,26 @@ def save_checkpoint(
 ) -> Path:
     state = state_file(run_dir, step)
     tmp = state.with_name(f".{state.name}.tmp")
-    torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp)
-    os.replace(tmp, state)
-    return save_policy(model, tokenizer, run_dir / schema.checkpoint_dir(step))
+    # Serialised in memory and written with plain file I/O: torch.save on a full disk raises a bare
+    # RuntimeError ("unexpected pos ..."), plain I/O an OSError(ENOSPC) that names the file.
+    buffer = io.BytesIO()
+    torch.save({"step": step, "optimizer": optimizer.state_dict()}, buffer)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+        os.replace(tmp, state)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
+    folder = run_dir / schema.checkpoint_dir(step)
+    try:
+        return save_policy(model, tokenizer, folder)
+    except OSError:
+        raise
+    except Exception as exc:  # safetensors' writer reports a full disk in its own exception types
+        needed = sum(p.numel() * p.element_size() for p in model.parameters())
+        if shutil.disk_usage(run_dir).free < needed:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) from exc
+        raise
 
 
 def complete_checkpoints(run_dir: Path) -> list[int]:

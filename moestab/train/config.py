@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,8 +60,11 @@ class TrainConfig:
     """Run folder; default runs/<algo>-<routing_replay>-seed<seed>."""
     save_every: int = 20
     """Checkpoint every N steps (and at the end)."""
-    resume: bool = False
-    """Continue the run in --out from its last checkpoint."""
+    resume: str | None = None
+    """Run folder to continue from its last checkpoint (any spelling of its path, moved or copied folders too);
+    its settings come from the run, and only steps, threads, progress, save_every and eval_every may change."""
+    overwrite: bool = False
+    """Delete the run already in --out and start over (refuses a folder that is not a moestab run)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter / compute dtype."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -108,15 +112,18 @@ class TrainConfig:
                 f"(prompts_per_step*group_size = {self.prompts_per_step}*{self.group_size}); valid: {valid}"
             )
         for name in ("lr", "temperature", "max_grad_norm"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+            _finite(name, getattr(self, name), "> 0", lambda v: v > 0)
         for name in ("weight_decay", "kl_coef"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("clip_low", "clip_high"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be > 0, got {value}")
+            _finite(name, getattr(self, name), ">= 0", lambda v: v >= 0)
+        log_space = PRESETS[self.algo].loss == "gmpo"  # GMPO clips log w: its bounds may exceed 1
+        if self.clip_low is not None:
+            rule = "> 0" if log_space else "in (0, 1] (the ratio's lower bound 1 - clip_low must be >= 0)"
+            _finite("clip_low", self.clip_low, rule, lambda v: v > 0 and (log_space or v <= 1))
+        if self.clip_high is not None:
+            _finite("clip_high", self.clip_high, "> 0", lambda v: v > 0)
+        if self.resume is not None and self.overwrite:
+            raise ConfigError("resume and overwrite exclude each other: --resume continues a run, --overwrite "
+                              "deletes it")
         if not 0 < self.record_fraction <= 1:
             raise ConfigError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if not 0 <= self.warm_start_target <= 1:
@@ -126,7 +133,12 @@ class TrainConfig:
 
     @property
     def run_dir(self) -> str:
-        return self.out or f"runs/{self.algo}-{self.routing_replay}-seed{self.seed}"
+        return self.resume or self.out or f"runs/{self.algo}-{self.routing_replay}-seed{self.seed}"
+
+
+def _finite(name: str, value: float, rule: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
+        raise ConfigError(f"{name} must be a finite number {rule}, got {value!r}")
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:

@@ -1,4 +1,4 @@
-"""Deferred Ctrl-C: the loop finishes the step in flight, saves, and exits cleanly."""
+"""Deferred Ctrl-C and SIGTERM: the loop finishes the step in flight, saves, and exits cleanly."""
 
 from __future__ import annotations
 
@@ -6,25 +6,30 @@ import signal
 import threading
 from types import FrameType
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class GracefulInterrupt:
-    """Context manager turning the first SIGINT into a flag; a second SIGINT interrupts at once."""
+    """Context manager turning the first SIGINT or SIGTERM into a flag; a second one interrupts at once
+    (as ``KeyboardInterrupt``, so the run is still marked ``interrupted``)."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self.signal_name = ""
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulInterrupt:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        self.signal_name = signal.Signals(signum).name

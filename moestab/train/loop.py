@@ -17,7 +17,7 @@ from moestab.configs import ConfigError, config_to_dict
 from moestab.models import EmbeddedModelSpec
 from moestab.records import schema
 from moestab.records.run_info import ModelInfo
-from moestab.records.writer import RunWriter
+from moestab.records.writer import RunWriter, remove_temporaries
 from moestab.routing import find_routers
 from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import complete_checkpoints, load_optimizer_state, save_checkpoint
@@ -26,15 +26,12 @@ from moestab.train.evaluate import greedy_accuracy
 from moestab.train.interrupt import GracefulInterrupt
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
+from moestab.train.run_folder import TrainingError, check_writable, prepare_new, prepare_resume, write_failure
 from moestab.train.step import NonFiniteLossError, StepSettings, run_step, step_examples, step_seed
 from moestab.train.token_table import token_table
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class TrainingError(RuntimeError):
-    """A run could not start or continue; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +71,17 @@ def _base_model_path(config: TrainConfig, task: Task, log: Callable[[str], None]
 
 
 def _load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    """A supported MoE policy from a local folder (or a hub id), with errors that name what is wrong."""
+    folder = Path(path).expanduser()
+    if not folder.exists() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
+        raise TrainingError(f"model: the folder {path!r} does not exist (give a Hugging Face checkpoint folder, "
+                            "or 'embedded')")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as exc:
-        raise TrainingError(f"cannot load model {path!r}: {exc}") from exc
+        model = AutoModelForCausalLM.from_pretrained(str(folder) if folder.exists() else path, dtype=dtype)
+    except Exception as exc:  # transformers / safetensors raise many types for a damaged folder
+        weights = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
+        files = f" (weights: {', '.join(weights)})" if weights else ""
+        raise TrainingError(f"cannot load model {path!r}{files}: {type(exc).__name__}: {exc}") from exc
     find_routers(model)  # a dense model fails here with the list of supported families
     return model.to(device)
 
@@ -109,8 +113,11 @@ def train(
 ) -> RunResult:
     """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended.
 
-    ``rollout_engine(model, tokenizer)`` builds the engine that samples the rollouts (default: Hugging
-    Face ``generate``); it must return a ``RolloutBatch`` with the routes it used.
+    Everything that can be checked is checked before anything is written; once run.json exists, any
+    stop (an exception, Ctrl-C, SIGTERM, a full disk) leaves it ``failed`` or ``interrupted`` with a
+    message, never ``running``. ``rollout_engine(model, tokenizer)`` builds the engine that samples
+    the rollouts (default: Hugging Face ``generate``); it must return a ``RolloutBatch`` with the
+    routes it used.
     """
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -120,24 +127,19 @@ def train(
     preset = rl.get_preset(config.algo)
     run_dir = Path(config.run_dir)
     writer = RunWriter(run_dir)
-    max_new = config.max_new_tokens or task.max_answer_chars + 1
+    max_new = _response_budget(config, task)
 
-    done = complete_checkpoints(run_dir)
+    # ---- the run folder: checked (and, for --overwrite, cleared) before any model is loaded ---------
     if config.resume:
-        if not writer.run_json.is_file():
-            raise TrainingError(f"--resume: {run_dir} is not a run folder (no {schema.RUN_JSON})")
-        if not done:
-            raise TrainingError(f"--resume: {run_dir} has no complete checkpoint to resume from")
-        saved = writer.read_info().config
-        mismatched = {k: (saved.get(k), v) for k, v in config_to_dict(config).items()
-                      if k not in ("resume", "steps", "progress", "threads", "save_every") and saved.get(k) != v}
-        if mismatched:
-            raise TrainingError(f"--resume with settings that differ from the run's: {mismatched}")
-    elif writer.run_json.exists():
-        raise TrainingError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        _, start_step, notes = prepare_resume(run_dir, config_to_dict(config))
+        for note in notes:
+            log(f"resume: {note}")
+    else:
+        check_writable(run_dir)
+        prepare_new(run_dir, overwrite=config.overwrite)
+        start_step = 0
 
     base_path, warm = _base_model_path(config, task, log)
-    start_step = done[-1] if config.resume else 0
     model = _load_policy(str(run_dir / schema.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     if tokenizer.pad_token_id is None:
@@ -146,14 +148,7 @@ def train(
     optimizer = build_optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     if start_step:
         load_optimizer_state(run_dir, start_step, optimizer)
-
-    sites = find_routers(model)
-    moe_layers = [s.layer for s in sites]
-    wanted = config.record_layers or tuple(moe_layers)
-    unknown = sorted(set(wanted) - set(moe_layers))
-    if unknown:
-        raise ConfigError(f"record_layers {unknown} are not MoE layers of this model; valid: {moe_layers}")
-    record_slots = [moe_layers.index(layer) for layer in sorted(set(wanted))]
+    record_slots = _record_slots(model, config.record_layers)
     settings = StepSettings(
         preset=preset,
         clip_low=config.clip_low if config.clip_low is not None else preset.clip_low,
@@ -163,29 +158,40 @@ def train(
         max_new_tokens=max_new, max_grad_norm=config.max_grad_norm,
     )
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
+    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
 
     def evaluate() -> float:
         return greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
 
+    # ---- from here on run.json exists: every way out records how the run ended -------------------
     if config.resume:
-        writer.truncate_metrics(start_step)
+        torn = writer.truncate_metrics(start_step)
+        if torn:
+            lines = ", ".join(map(str, torn))
+            log(f"resume: dropped {len(torn)} torn line(s) of {schema.METRICS_JSONL} (line {lines})")
         start_accuracy = writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None,
                                        environment=_environment()).warm_start_accuracy
     else:
-        resolved = config_to_dict(replace(config, out=str(run_dir)))
+        resolved = config_to_dict(replace(config, out=str(run_dir), resume=None, overwrite=False))
         writer.start(config=resolved, model=_model_info(model, record_slots), environment=_environment(),
                      config_yaml=yaml.safe_dump(resolved, sort_keys=False))
-        start_accuracy = evaluate()
-        writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
-        save_checkpoint(run_dir, 0, model, tokenizer, optimizer)
-        log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
-
-    engine = rollout_engine(model, tokenizer)
+        start_accuracy = None
     progress = _progress(config, start_step)
     step, status, final_accuracy = start_step, schema.STATUS_FINISHED, None
-    with GracefulInterrupt() as interrupt:
+    with GracefulInterrupt() as interrupt, writer.beating():
         try:
+            if not config.resume:
+                start_accuracy = evaluate()
+                writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
+                save_checkpoint(run_dir, 0, model, tokenizer, optimizer)
+                log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
+            engine = rollout_engine(model, tokenizer)
             for step in range(start_step + 1, config.steps + 1):
+                if interrupt.requested:  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
+                    step, status = step - 1, schema.STATUS_INTERRUPTED
+                    log(f"\ninterrupted ({interrupt.signal_name}) before step {step + 1}; continue with "
+                        f"`moestab train --resume {run_dir}`")
+                    break
                 seed = step_seed(config.seed, step)
                 torch.manual_seed(seed)
                 metrics, tensors = run_step(
@@ -205,7 +211,8 @@ def train(
                 if interrupt.requested:
                     save_checkpoint(run_dir, step, model, tokenizer, optimizer)
                     status = schema.STATUS_INTERRUPTED
-                    log(f"\ninterrupted: saved step {step}; continue with --resume --out {run_dir}")
+                    log(f"\ninterrupted ({interrupt.signal_name}): saved step {step}; "
+                        f"continue with `moestab train --resume {run_dir}`")
                     break
             else:
                 final_accuracy = metrics.get("eval/accuracy") if config.steps > start_step else evaluate()
@@ -214,15 +221,53 @@ def train(
             message = f"step {step}: {exc}; stopped, the last good checkpoint is step {last_good} (not overwritten)"
             writer.update(status=schema.STATUS_FAILED, error=message, last_step=step - 1)
             raise TrainingError(message) from exc
-        except BaseException as exc:  # a crash or a second Ctrl-C: the folder must not claim "running"
-            hard_stop = isinstance(exc, KeyboardInterrupt)
-            writer.update(status=schema.STATUS_INTERRUPTED if hard_stop else schema.STATUS_FAILED,
-                          error=f"step {step}: {type(exc).__name__}: {exc}", last_step=step - 1)
-            raise
+        except BaseException as exc:  # a crash, a full disk, a second Ctrl-C: never leave "running"
+            _record_stop(writer, run_dir, exc, step, checkpoint_bytes)
         finally:
             progress.close()
     writer.update(status=status, last_step=step, final_accuracy=final_accuracy)
     return RunResult(run_dir, status, step, start_accuracy, final_accuracy)
+
+
+def _response_budget(config: TrainConfig, task: Task) -> int:
+    """``max_new_tokens``, refused when it cannot hold the task's longest answer (the task would be unsolvable)."""
+    needed = task.max_answer_chars + 1  # answer + EOS; the embedded tokenizer has one token per character
+    if config.max_new_tokens is None:
+        return needed
+    if config.model == "embedded" and config.max_new_tokens < needed:
+        raise ConfigError(f"max_new_tokens={config.max_new_tokens} cannot hold the task's longest answer plus the "
+                          f"end-of-sequence token ({needed} tokens), so no response could be right; use >= {needed} "
+                          "or leave it unset")
+    return config.max_new_tokens
+
+
+def _record_slots(model: PreTrainedModel, record_layers: tuple[int, ...] | None) -> list[int]:
+    """Positions on the routes' layer axis of the MoE layers the per-token tables keep."""
+    moe_layers = [s.layer for s in find_routers(model)]
+    wanted = record_layers or tuple(moe_layers)
+    unknown = sorted(set(wanted) - set(moe_layers))
+    if unknown:
+        raise ConfigError(f"record_layers {unknown} are not MoE layers of this model; valid: {moe_layers}")
+    return [moe_layers.index(layer) for layer in sorted(set(wanted))]
+
+
+def _record_stop(writer: RunWriter, run_dir: Path, exc: BaseException, step: int, checkpoint_bytes: int) -> None:
+    """Mark the run ``interrupted`` (Ctrl-C) or ``failed`` with a message, clean temporaries, and re-raise."""
+    hard_stop = isinstance(exc, KeyboardInterrupt)
+    disk = write_failure(exc, run_dir, checkpoint_bytes) if isinstance(exc, OSError) else None
+    what = disk or f"{type(exc).__name__}: {exc}"
+    how = (f"continue with `moestab train --resume {run_dir}`" if complete_checkpoints(run_dir)
+           else "it stopped before its first checkpoint; start over with --overwrite")
+    message = f"step {step}: {what}; {how}"
+    remove_temporaries(run_dir)
+    try:
+        writer.update(status=schema.STATUS_INTERRUPTED if hard_stop else schema.STATUS_FAILED,
+                      error=message, last_step=max(step - 1, 0))
+    except OSError as write_exc:  # e.g. the disk is full even for run.json: say both
+        raise TrainingError(f"{message} (and run.json could not be updated: {write_exc})") from exc
+    if isinstance(exc, Exception):  # the message says what happened and what to do; the cause is chained
+        raise TrainingError(message) from exc
+    raise exc  # a second Ctrl-C / SIGTERM, or the interpreter exiting
 
 
 def _record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:

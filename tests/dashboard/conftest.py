@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -51,7 +52,8 @@ def make_app(monkeypatch: pytest.MonkeyPatch):
     """
     from streamlit.testing.v1 import AppTest
 
-    monkeypatch.delenv("MOESTAB_RUNS", raising=False)
+    for name in [n for n in os.environ if n.upper().replace("-", "_").startswith("MOESTAB_RUN")]:
+        monkeypatch.delenv(name, raising=False)  # the variable and its look-alikes the sidebar warns about
 
     def make(runs_dir: Path | None):
         monkeypatch.setattr(sys, "argv", [str(APP), *([str(runs_dir)] if runs_dir is not None else [])])

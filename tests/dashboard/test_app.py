@@ -7,6 +7,7 @@ no exception or error box appears for good runs, and that one bad run leaves the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -242,3 +243,66 @@ def test_runs_folder_from_environment(make_app, tmp_path: Path, monkeypatch: pyt
     at.run()
     assert at.sidebar.text_input(key="moestab_runs_dir").value == str(tmp_path)
     assert f"No runs in `{tmp_path}`" in texts(at.info)
+
+
+@pytest.fixture
+def no_runs_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset $MOESTAB_RUNS and look-alikes (MOESTAB_RUNS_DIR, ...) the shell running the tests may set."""
+    for name in [n for n in os.environ if n.upper().startswith("MOESTAB_RUN")]:
+        monkeypatch.delenv(name)
+
+
+def folder_line(at) -> str:
+    """The sidebar's "Runs folder: `PATH` (why)" line."""
+    (line,) = [c.value for c in at.sidebar.caption if c.value.startswith("Runs folder:")]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ("given", "from-env", "`{tmp}/given` (from the command line)"),  # the command line wins over the variable
+        (None, "from-env", "`{tmp}/from-env` (from `$MOESTAB_RUNS`)"),
+        (None, None, "`{tmp}/runs` (default: ./runs)"),
+    ],
+)
+@pytest.mark.usefixtures("no_runs_variables")
+def test_sidebar_says_which_runs_folder_and_why(
+    make_app, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: str | None, env: str | None, expected: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative folders (and the default ./runs, missing here) are under tmp_path
+    (tmp_path / "given").mkdir()
+    (tmp_path / "from-env").mkdir()
+    at = make_app(Path(argv) if argv else None)
+    if env:
+        monkeypatch.setenv("MOESTAB_RUNS", env)
+    at.run()
+    assert not at.exception, texts(at.exception)
+    assert folder_line(at) == "Runs folder: " + expected.format(tmp=tmp_path.resolve())  # made absolute
+    assert not at.sidebar.warning, texts(at.sidebar.warning)
+
+
+def test_sidebar_says_a_typed_folder_was_typed(make_app, tmp_path: Path) -> None:
+    at = make_app(tmp_path).run()
+    assert folder_line(at) == f"Runs folder: `{tmp_path.resolve()}` (from the command line)"
+    at.sidebar.text_input(key="moestab_runs_dir").set_value(str(tmp_path / "other")).run()
+    assert folder_line(at) == f"Runs folder: `{tmp_path.resolve() / 'other'}` (typed in the box above)"
+
+
+@pytest.mark.parametrize("name", ["MOESTAB_RUNS_DIR", "MOESTAB_RUN_DIR", "MOESTAB_RUNSDIR", "moestab_runs"])
+@pytest.mark.usefixtures("no_runs_variables")
+def test_misspelt_runs_variable_is_reported_as_ignored(
+    make_app, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    at = make_app(None)
+    monkeypatch.setenv(name, str(tmp_path / "mine"))
+    at.run()
+    assert not at.exception, texts(at.exception)
+    assert folder_line(at) == f"Runs folder: `{tmp_path.resolve() / 'runs'}` (default: ./runs)"  # not read
+    assert f"`${name}` is set but ignored: the runs folder variable is `$MOESTAB_RUNS`." in texts(at.sidebar.warning)
+    # With $MOESTAB_RUNS set as well, that one is used and the other is not mentioned.
+    monkeypatch.setenv("MOESTAB_RUNS", str(tmp_path / "mine"))
+    at = make_app(None).run()
+    assert folder_line(at) == f"Runs folder: `{tmp_path.resolve() / 'mine'}` (from `$MOESTAB_RUNS`)"
+    assert name not in texts(at.sidebar.warning)

@@ -57,3 +57,22 @@ def test_runs_folder_resolution() -> None:
     assert runs_dir_from(["app.py"], {"MOESTAB_RUNS": "/env"}) == "/env"
     assert runs_dir_from(["app.py"], {}) == "runs"
     assert runs_dir_from(["app.py", "--unknown-flag"], {}) == "runs"  # options are not folders
+
+
+def test_runs_folder_source_and_misspelt_variables() -> None:
+    from tests.dashboard.conftest import REPO
+
+    sys.path.insert(0, str(REPO / "dashboard"))
+    try:
+        from dashkit.ui import ignored_runs_env, runs_dir_and_source
+    finally:
+        sys.path.remove(str(REPO / "dashboard"))
+    assert runs_dir_and_source(["app.py", "/a"], {"MOESTAB_RUNS": "/env"}) == ("/a", "from the command line")
+    assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS": "/env"}) == ("/env", "from `$MOESTAB_RUNS`")
+    assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS": ""}) == ("runs", "default: ./runs")  # empty: unset
+    assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS_DIR": "/x"}) == ("runs", "default: ./runs")
+    misspelt = ["MOESTAB_RUNS_DIR", "MOESTAB_RUN_DIR", "MOESTAB_RUNSDIR", "MOESTAB_RUN", "moestab_runs"]
+    others = ["MOESTAB_CACHE", "MOESTAB_DASHBOARD_SCREENSHOT", "MOESTAB_RUNTIME", "RUNS_DIR", "HOME"]
+    environ = dict.fromkeys(misspelt + others, "/x")
+    assert ignored_runs_env(environ) == sorted(misspelt)
+    assert ignored_runs_env({**environ, "MOESTAB_RUNS": "/env"}) == []  # the right one is set: nothing to say

@@ -113,6 +113,30 @@ def test_data_errors(tmp_path, content, message):
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize(("ending", "last"), [("\n", "\n"), ("\r\n", "\r\n"), ("\n", "")])
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        # '{"prompt": ' is 11 characters, so the stray x is at column 12.
+        ('{"prompt": x, "answer": "b"}', "Expecting value at column 12"),
+        # Cut off after '{"prompt": ': the value is missing at column 12, just past the line's end (the
+        # parser, given the line ending, put this at column 1 of a following line).
+        ('{"prompt": ', "Expecting value at column 12"),
+        ('{"prompt": "a", "answer": "b"', "Expecting ',' delimiter at column 30"),  # 29 characters, then the end
+        # Columns count characters as an editor does: 'é' is one column (two bytes in UTF-8), so the
+        # missing comma before "answer" is at column 16, not 17.
+        ('{"prompt": "é" "answer": "b"}', "Expecting ',' delimiter at column 16"),
+    ],
+)
+def test_invalid_json_names_line_and_column(tmp_path, ending, last, bad, error):
+    path = tmp_path / "bad.jsonl"
+    lines = ['{"prompt": "a", "answer": "b"}', "", bad]  # the blank line 2 still counts: bad is line 3
+    path.write_bytes((ending.join(lines) + last).encode("utf-8"))
+    with pytest.raises(TaskDataError) as info:
+        load_jsonl(path)
+    assert str(info.value) == f"{path} line 3: not valid JSON ({error})"
+
+
 def test_invalid_utf8_names_the_line(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"prompt": "a", "answer": "b"}\n{"prompt": "caf\xe9", "answer": "b"}\n')

@@ -40,7 +40,7 @@ def test_resume_after_a_kill_reproduces_an_uninterrupted_run(tmp_path, cache_dir
         else:
             path.unlink()
     assert complete_checkpoints(killed)[-1] == 2
-    train(tiny_config(killed, cache_dir, steps=4, save_every=2, resume=True), **QUIET)
+    train(tiny_config(killed, cache_dir, steps=4, save_every=2, resume=str(killed)), **QUIET)
 
     assert metric_lines(killed) == metric_lines(straight)
     info = json.loads((killed / schema.RUN_JSON).read_text())
@@ -86,7 +86,7 @@ def test_ctrl_c_saves_and_exits_cleanly(tmp_path, cache_dir):
     assert info["status"] == "interrupted", out
     last = info["last_step"]
     assert 2 <= last < 200 and complete_checkpoints(run)[-1] == last
-    assert "continue with --resume" in out
+    assert f"continue with `moestab train --resume {run}`" in out
 
 
 @pytest.mark.parametrize(
@@ -99,6 +99,23 @@ def test_ctrl_c_saves_and_exits_cleanly(tmp_path, cache_dir):
         (["--lr", "abc"], "lr: 'abc' is not a valid float"),
         (["--task", "chess"], "chess"),
         (["--record-fraction", "1.5"], "record_fraction must be in (0, 1]"),
+        # 32 prompts x 8 samples = 256 sequences: 5 minibatches used to run as 4 while run.json said 5
+        (["--minibatches", "5"], "minibatches=5 does not divide the rollout batch of 256 sequences "
+                                 "(prompts_per_step*group_size = 32*8); valid: 1, 2, 4, 8, 16, 32, 64, 128, 256"),
+        (["--prompts-per-step", "5", "--group-size", "2", "--minibatches", "4"], "valid: 1, 2, 5, 10"),
+        # values that used to fail only at step 1, with a traceback, after the folder existed
+        (["--clip-low", "1.5"], "clip_low must be a finite number in (0, 1]"),
+        (["--kl-coef", "nan"], "kl_coef must be a finite number >= 0, got nan"),
+        (["--weight-decay", "nan"], "weight_decay must be a finite number >= 0, got nan"),
+        (["--lr", "inf"], "lr must be a finite number > 0, got inf"),
+        (["--temperature", "inf"], "temperature must be a finite number > 0, got inf"),
+        (["--record-layers", "a"], "record_layers: 'a' is not a comma-separated list of int values"),
+        (["--record-layers", "9", "--warm-start-max-steps", "0"], "record_layers [9] are not MoE layers"),
+        # 2-digit sums have answers of up to 3 characters: 2 tokens could never hold one (+ EOS)
+        (["--max-new-tokens", "2"], "max_new_tokens=2 cannot hold the task's longest answer plus the "
+                                    "end-of-sequence token (4 tokens)"),
+        (["--resume", "nowhere"], "--resume nowhere: nowhere is not a moestab run folder"),
+        (["--resume", "x", "--overwrite"], "resume and overwrite exclude each other"),
     ],
 )
 def test_bad_configuration_fails_before_anything_starts(tmp_path, capsys, args, message):
@@ -109,25 +126,34 @@ def test_bad_configuration_fails_before_anything_starts(tmp_path, capsys, args, 
         code = exc.code
     captured = capsys.readouterr()
     assert code == 2
-    assert message in captured.out + captured.err
+    assert message in captured.err  # errors go to stderr
     assert not out.exists()
+
+
+def test_yaml_booleans_are_not_numbers(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("steps: true\n")  # used to read as 1
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    assert "steps: True is not a valid int" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_yaml_config_with_unknown_field_is_rejected(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("algo: grpo\nlearning_rate: 0.1\n")
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 2
-    assert "unknown config field 'learning_rate'; valid fields: algo, routing_replay" in capsys.readouterr().out
+    assert "unknown config field 'learning_rate'; valid fields: algo, routing_replay" in capsys.readouterr().err
 
 
 def test_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, cache_dir):
     run = tmp_path / "run"
-    with pytest.raises(TrainingError, match="is not a run folder"):
-        train(tiny_config(run, cache_dir, resume=True), **QUIET)
+    with pytest.raises(TrainingError, match="is not a moestab run folder"):
+        train(tiny_config(run, cache_dir, resume=str(run)), **QUIET)
     train(tiny_config(run, cache_dir, steps=1), **QUIET)
-    with pytest.raises(TrainingError, match="already holds a run; pass --resume"):
+    with pytest.raises(TrainingError, match=r"already holds a run \(finished, last step 1\); continue it with "
+                                            r"`moestab train --resume .*` or start over with --overwrite"):
         train(tiny_config(run, cache_dir, steps=1), **QUIET)
-    with pytest.raises(TrainingError, match="settings that differ"):
-        train(tiny_config(run, cache_dir, steps=2, resume=True, lr=1.0), **QUIET)
+    with pytest.raises(TrainingError, match=r"settings differ from the run.s \(lr: run has 0.0002, asked 1\.0\)"):
+        train(tiny_config(run, cache_dir, steps=2, resume=str(run), lr=1.0), **QUIET)
     assert os.path.isdir(run / schema.checkpoint_dir(1))
 

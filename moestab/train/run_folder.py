@@ -1,0 +1,121 @@
+"""Where a run lives: choosing, checking and cleaning its folder before anything is loaded or written.
+
+A run folder is identified by its contents (run.json), never by how its path was spelled: ``--resume
+RUN_DIR`` works with a relative or absolute path, a trailing slash, or a folder that was moved or
+copied since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from moestab.records import schema
+from moestab.records.errors import RunError
+from moestab.records.run_info import RunInfo, read_run_info
+from moestab.records.writer import remove_temporaries
+from moestab.train.checkpoint import complete_checkpoints
+
+
+class TrainingError(RuntimeError):
+    """A run could not start or continue; the message says why and what to do."""
+
+
+RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "resume", "out", "overwrite")
+"""Settings a resumed run may change; every other one must equal the run's own (it shapes the numbers)."""
+
+_DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
+
+
+def check_writable(folder: Path) -> None:
+    """:class:`TrainingError` unless files can be created in ``folder`` (or, if it does not exist yet, in its
+    nearest existing parent). Writes and removes a probe file; creates no folder."""
+    target = folder
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    probe = target / ".moestab-write-test"
+    try:
+        probe.write_bytes(b"ok")
+    except OSError as exc:
+        raise TrainingError(f"cannot write to the run folder {folder}: {exc.strerror or exc} ({target}); "
+                            "choose a writable --out") from exc
+    finally:
+        with contextlib.suppress(OSError):  # a read-only target has no probe to remove
+            probe.unlink(missing_ok=True)
+
+
+def _describe(info: RunInfo, run_dir: Path) -> str:
+    status = info.live_status()
+    return f"{run_dir} already holds a run ({status}, last step {info.last_step})"
+
+
+def prepare_new(run_dir: Path, *, overwrite: bool) -> None:
+    """Make sure a new run may be written to ``run_dir``: empty, absent, or (``overwrite``) a run to delete."""
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise TrainingError(f"--out {run_dir} is a file, not a folder; choose another --out")
+    try:
+        info = read_run_info(run_dir)
+    except RunError:
+        info = None
+    if info is None:
+        if any(run_dir.iterdir()):
+            refusal = "; --overwrite deletes only run folders" if overwrite else ""
+            raise TrainingError(f"--out {run_dir} is a non-empty folder that is not a moestab run; "
+                                f"choose another --out{refusal}")
+        return
+    if info.live_status() == schema.STATUS_RUNNING:
+        raise TrainingError(f"{_describe(info, run_dir)} that is still being written by process "
+                            f"{info.writer.get('pid')} on {info.writer.get('host')}; stop it first")
+    if overwrite:
+        shutil.rmtree(run_dir)
+        return
+    if complete_checkpoints(run_dir):
+        raise TrainingError(f"{_describe(info, run_dir)}; continue it with `moestab train --resume {run_dir}` "
+                            "or start over with --overwrite")
+    raise TrainingError(f"{_describe(info, run_dir)} that stopped before its first checkpoint, so there is "
+                        "nothing to resume; start over with --overwrite")
+
+
+def prepare_resume(run_dir: Path, config: dict[str, Any]) -> tuple[RunInfo, int, list[str]]:
+    """Check that ``run_dir`` can be resumed with ``config``; returns its info, the step to resume from and
+    notes on what was cleaned up. Removes temporaries an interrupted write left behind."""
+    try:
+        info = read_run_info(run_dir)
+    except RunError as exc:
+        raise TrainingError(f"--resume {run_dir}: {exc}") from exc
+    if info.live_status() == schema.STATUS_RUNNING:
+        raise TrainingError(f"--resume {run_dir}: the run is still being written by process "
+                            f"{info.writer.get('pid')} on {info.writer.get('host')}; stop it first")
+    done = complete_checkpoints(run_dir)
+    if not done:
+        raise TrainingError(f"--resume {run_dir}: it has no complete checkpoint (it stopped before step 0 was "
+                            "saved); start over with `moestab train --out ... --overwrite`")
+    differ = {k: (info.config.get(k), v) for k, v in config.items()
+              if k not in RESUMABLE_FIELDS and info.config.get(k) != v}
+    if differ:
+        shown = ", ".join(f"{k}: run has {old!r}, asked {new!r}" for k, (old, new) in differ.items())
+        raise TrainingError(f"--resume {run_dir}: settings differ from the run's ({shown}); only "
+                            f"{', '.join(f for f in RESUMABLE_FIELDS if f not in ('resume', 'out', 'overwrite'))} "
+                            "may change on resume")
+    notes = [f"removed the leftover {p.relative_to(run_dir)}" for p in remove_temporaries(run_dir)]
+    return info, done[-1], notes
+
+
+def write_failure(exc: OSError, run_dir: Path, checkpoint_bytes: int) -> str | None:
+    """A message for an OSError raised while writing the run (disk full, read-only, ...), else ``None``."""
+    if exc.errno not in _DISK_ERRNOS:
+        return None
+    target = exc.filename or run_dir
+    try:
+        free = f"{shutil.disk_usage(run_dir).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (f"cannot write {target}: {_DISK_ERRNOS[exc.errno]} ({os.strerror(exc.errno)}); a checkpoint of this "
+            f"model needs about {checkpoint_bytes / 2**20:.1f} MiB, {free} on {run_dir}")
