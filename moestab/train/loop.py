@@ -26,7 +26,14 @@ from moestab.train.evaluate import greedy_accuracy
 from moestab.train.interrupt import GracefulInterrupt
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.run_folder import TrainingError, check_writable, prepare_new, prepare_resume, write_failure
+from moestab.train.run_folder import (
+    TrainingError,
+    check_writable,
+    clear_run,
+    prepare_new,
+    prepare_resume,
+    write_failure,
+)
 from moestab.train.step import NonFiniteLossError, StepSettings, run_step, step_examples, step_seed
 from moestab.train.token_table import token_table
 from moestab.train.warm_start import WarmStartSpec, warm_start
@@ -136,7 +143,7 @@ def train(
             log(f"resume: {note}")
     else:
         check_writable(run_dir)
-        prepare_new(run_dir, overwrite=config.overwrite)
+        delete_first = prepare_new(run_dir, overwrite=config.overwrite)
         start_step = 0
 
     base_path, warm = _base_model_path(config, task, log)
@@ -172,6 +179,9 @@ def train(
         start_accuracy = writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None,
                                        environment=_environment()).warm_start_accuracy
     else:
+        if delete_first:  # --overwrite: only now that every setting has been checked
+            clear_run(run_dir)
+            log(f"overwrite: deleted the previous run in {run_dir}")
         resolved = config_to_dict(replace(config, out=str(run_dir), resume=None, overwrite=False))
         writer.start(config=resolved, model=_model_info(model, record_slots), environment=_environment(),
                      config_yaml=yaml.safe_dump(resolved, sort_keys=False))

@@ -54,10 +54,12 @@ def _describe(info: RunInfo, run_dir: Path) -> str:
     return f"{run_dir} already holds a run ({status}, last step {info.last_step})"
 
 
-def prepare_new(run_dir: Path, *, overwrite: bool) -> None:
-    """Make sure a new run may be written to ``run_dir``: empty, absent, or (``overwrite``) a run to delete."""
+def prepare_new(run_dir: Path, *, overwrite: bool) -> bool:
+    """Check that a new run may be written to ``run_dir``: absent, empty, or (``overwrite``) a finished,
+    failed or stopped run. Returns whether that run must be deleted first; the caller deletes it (with
+    :func:`clear_run`) only once everything else has been checked, so a bad setting loses nothing."""
     if not run_dir.exists():
-        return
+        return False
     if not run_dir.is_dir():
         raise TrainingError(f"--out {run_dir} is a file, not a folder; choose another --out")
     try:
@@ -69,18 +71,23 @@ def prepare_new(run_dir: Path, *, overwrite: bool) -> None:
             refusal = "; --overwrite deletes only run folders" if overwrite else ""
             raise TrainingError(f"--out {run_dir} is a non-empty folder that is not a moestab run; "
                                 f"choose another --out{refusal}")
-        return
+        return False
     if info.live_status() == schema.STATUS_RUNNING:
         raise TrainingError(f"{_describe(info, run_dir)} that is still being written by process "
                             f"{info.writer.get('pid')} on {info.writer.get('host')}; stop it first")
     if overwrite:
-        shutil.rmtree(run_dir)
-        return
+        return True
     if complete_checkpoints(run_dir):
         raise TrainingError(f"{_describe(info, run_dir)}; continue it with `moestab train --resume {run_dir}` "
                             "or start over with --overwrite")
     raise TrainingError(f"{_describe(info, run_dir)} that stopped before its first checkpoint, so there is "
                         "nothing to resume; start over with --overwrite")
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete a run folder that :func:`prepare_new` cleared for ``--overwrite`` (checked again: a run folder)."""
+    read_run_info(run_dir)  # raises unless it still is a run folder
+    shutil.rmtree(run_dir)
 
 
 def prepare_resume(run_dir: Path, config: dict[str, Any]) -> tuple[RunInfo, int, list[str]]:

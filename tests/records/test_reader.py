@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -183,3 +184,38 @@ def test_malformed_route_column_skips_the_file(fake_run):
         np.concatenate([c[schema.COL_ROUTES_NEW] for c in steps]),
     )
     assert got["changed"] == pytest.approx(expected["changed"]) and got["tokens"] == expected["tokens"]
+
+
+# ---- live status: a "running" run whose writer is gone reads "stopped" ------------------------------
+
+
+def _with_writer(fake_run, status: str, writer: dict):
+    raw = dict(fake_run.run_json, status=status, writer=writer)
+    (fake_run.path / schema.RUN_JSON).write_text(json.dumps(raw))
+    return L.read_run_info(fake_run.path)
+
+
+def test_live_status_judges_a_running_run_by_its_writer(fake_run):
+    import socket
+    import subprocess
+    import sys
+    from datetime import UTC, datetime, timedelta
+
+    from moestab.analysis.summary import run_summary
+    from moestab.records.run_info import STALE_AFTER_S
+
+    here = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # that process has exited
+    now = datetime.now(UTC)
+    fresh, stale = now.isoformat(), (now - timedelta(seconds=STALE_AFTER_S + 1)).isoformat()
+    assert _with_writer(fake_run, "running", {"host": here, "pid": os.getpid()}).live_status() == "running"
+    assert _with_writer(fake_run, "running", {"host": here, "pid": dead_pid}).live_status() == "stopped"
+    assert _with_writer(fake_run, "running", {"host": "elsewhere", "pid": 1, "heartbeat": fresh}).live_status() \
+        == "running"
+    assert _with_writer(fake_run, "running", {"host": "elsewhere", "pid": 1, "heartbeat": stale}).live_status() \
+        == "stopped"
+    assert _with_writer(fake_run, "running", {}).live_status() == "stopped"  # nothing vouches for a writer
+    assert _with_writer(fake_run, "finished", {"host": here, "pid": dead_pid}).live_status() == "finished"
+    _with_writer(fake_run, "running", {"host": here, "pid": dead_pid})
+    assert run_summary(fake_run.path)["status"] == "stopped"  # what `moestab analyze` and the dashboard show

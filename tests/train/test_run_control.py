@@ -11,6 +11,7 @@ import time
 import pytest
 
 from moestab.cli import main
+from moestab.configs import ConfigError
 from moestab.records import schema
 from moestab.train import TrainingError, train
 from moestab.train.checkpoint import complete_checkpoints
@@ -157,3 +158,15 @@ def test_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, cache_dir):
         train(tiny_config(run, cache_dir, steps=2, resume=str(run), lr=1.0), **QUIET)
     assert os.path.isdir(run / schema.checkpoint_dir(1))
 
+
+
+def test_overwrite_deletes_the_old_run_only_once_every_setting_is_checked(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    train(tiny_config(run, cache_dir, steps=1), **QUIET)
+    before = (run / schema.RUN_JSON).read_bytes()
+    # record_layers is checked against the model, i.e. after loading it: the old run must survive
+    with pytest.raises(ConfigError, match=r"record_layers \[9\] are not MoE layers"):
+        train(tiny_config(run, cache_dir, steps=1, overwrite=True, record_layers=(9,)), **QUIET)
+    assert (run / schema.RUN_JSON).read_bytes() == before and (run / schema.checkpoint_dir(1)).is_dir()
+    train(tiny_config(run, cache_dir, steps=2, overwrite=True), **QUIET)
+    assert json.loads((run / schema.RUN_JSON).read_text())["last_step"] == 2
