@@ -99,6 +99,8 @@ COL_ROUTES_NEW = "routes_new"  # trainer's free routes after all updates of the 
 ROUTE_COLUMNS = (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD, COL_ROUTES_OLD_FREE, COL_ROUTES_UPDATE, COL_ROUTES_NEW)
 # FixedSizeList<float32>[layers]: gap between the k-th and (k+1)-th router score under pi_old (free routing).
 COL_MARGIN_OLD = "margin_old"
+# FixedSizeList<float32>[layers]: routing confidence under pi_old (free): softmax(router logits) mass on the chosen.
+COL_CONFIDENCE_OLD = "confidence_old"
 
 ROUTE_PAIRS: dict[str, tuple[str, str]] = {
     "old_new": (COL_ROUTES_OLD_FREE, COL_ROUTES_NEW),

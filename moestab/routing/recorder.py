@@ -56,7 +56,8 @@ class RoutingRecorder:
         sequence_fraction: share of each forward's sequences to keep, chosen at random per segment
             with ``seed``; the kept input rows are in ``Routes.rows``.
         margin: also record the selection-score gap between the k-th and (k+1)-th expert.
-        entropy: also record the entropy of softmax(router logits).
+        entropy: also record the entropy of softmax(router logits) and the routing confidence, the
+            probability mass softmax(router logits) puts on the chosen experts.
         router_logprobs: also record log-softmax of the router logits over all experts (large).
         slot_scores: also record each chosen expert's selection score (``Routes.slot_scores``), the
             ranking its family used; ``Routes.ranked()`` then puts the top-1 in slot 0 for every family.
@@ -196,9 +197,9 @@ class RoutingRecorder:
                 pad = ~(mask if frame.rows is None else mask[frame.rows.to(mask.device)])  # [kept, seq]
                 pad = pad.to(indices.device)
                 indices = indices.masked_fill(pad[:, :, None, None], -1)
-            margin = entropy = logprobs = slot_scores = None
+            margin = entropy = confidence = logprobs = slot_scores = None
             if self._wants_logits:
-                margin, entropy, logprobs = self._stats(frame.logits, pad)
+                margin, entropy, confidence, logprobs = self._stats(frame.logits, indices, pad)
             if self.record_slot_scores:
                 slot_scores = torch.stack(frame.slot_scores, dim=2)  # [kept, seq, layers, top_k]
                 if pad is not None:
@@ -210,17 +211,21 @@ class RoutingRecorder:
                 num_experts=self.sites[0].num_experts,
                 margin=margin,
                 entropy=entropy,
+                confidence=confidence,
                 router_logprobs=logprobs,
                 slot_scores=slot_scores,
             )
         )
 
     def _stats(
-        self, per_layer: list[torch.Tensor | None], pad: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """Margin, entropy and log-softmax of all layers' router logits at once (NaN at padding)."""
+        self, per_layer: list[torch.Tensor | None], indices: torch.Tensor, pad: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Margin, entropy, confidence and log-softmax of all layers' router logits at once (NaN at padding).
+
+        ``indices``: ``[kept, seq, layers, top_k]`` the chosen experts (-1 at padding).
+        """
         logits = torch.stack(per_layer, dim=2).float()  # [kept, seq, layers, experts]
-        margin = entropy = logprobs = None
+        margin = entropy = confidence = logprobs = None
         if self.record_margin:
             scores = torch.stack(
                 [
@@ -233,15 +238,18 @@ class RoutingRecorder:
         if self.record_entropy or self.record_logprobs:
             logp = torch.log_softmax(logits, dim=-1)  # [kept, seq, layers, experts]
             if self.record_entropy:
-                entropy = -(logp.exp() * logp).sum(-1)  # [kept, seq, layers]
+                probs = logp.exp()  # [kept, seq, layers, experts]
+                entropy = -(probs * logp).sum(-1)  # [kept, seq, layers]
+                confidence = probs.gather(-1, indices.long().clamp_min(0)).sum(-1)  # [kept, seq, layers]
             if self.record_logprobs:
                 logprobs = logp
         if pad is not None:
             nan = float("nan")
             margin = None if margin is None else margin.masked_fill(pad[:, :, None], nan)
             entropy = None if entropy is None else entropy.masked_fill(pad[:, :, None], nan)
+            confidence = None if confidence is None else confidence.masked_fill(pad[:, :, None], nan)
             logprobs = None if logprobs is None else logprobs.masked_fill(pad[:, :, None, None], nan)
-        return margin, entropy, logprobs
+        return margin, entropy, confidence, logprobs
 
     def _stitch(self, segment: _Segment) -> Routes:
         frames = segment.frames
@@ -259,6 +267,7 @@ class RoutingRecorder:
             num_experts=frames[0].num_experts,
             margin=cat(lambda f: f.margin),
             entropy=cat(lambda f: f.entropy),
+            confidence=cat(lambda f: f.confidence),
             router_logprobs=cat(lambda f: f.router_logprobs),
             slot_scores=cat(lambda f: f.slot_scores),
             rows=rows,

@@ -29,6 +29,9 @@ class Routes:
     """``[batch, seq, layers]`` float32 gap between the k-th and (k+1)-th selection score; NaN at padding."""
     entropy: torch.Tensor | None = None
     """``[batch, seq, layers]`` float32 entropy (nats) of softmax(router logits); NaN at padding."""
+    confidence: torch.Tensor | None = None
+    """``[batch, seq, layers]`` float32 routing confidence: the mass of softmax(router logits) on the chosen
+    experts (prime-rl, after the StepFun 3.5 Flash report); NaN at padding."""
     router_logprobs: torch.Tensor | None = None
     """``[batch, seq, layers, num_experts]`` float32 log-softmax of the router logits (opt-in; large)."""
     slot_scores: torch.Tensor | None = None
@@ -74,6 +77,7 @@ class Routes:
             indices=self.indices[rows],
             margin=pick(self.margin),
             entropy=pick(self.entropy),
+            confidence=pick(self.confidence),
             router_logprobs=pick(self.router_logprobs),
             slot_scores=pick(self.slot_scores),
             rows=pick(self.rows),
@@ -97,6 +101,7 @@ class Routes:
             indices=self.indices.to(device),
             margin=move(self.margin),
             entropy=move(self.entropy),
+            confidence=move(self.confidence),
             router_logprobs=move(self.router_logprobs),
             slot_scores=move(self.slot_scores),
             rows=move(self.rows),
@@ -130,6 +135,7 @@ class Routes:
             num_experts=first.num_experts,
             margin=padded(lambda p: p.margin, float("nan")),
             entropy=padded(lambda p: p.entropy, float("nan")),
+            confidence=padded(lambda p: p.confidence, float("nan")),
             router_logprobs=padded(lambda p: p.router_logprobs, float("nan")),
             slot_scores=padded(lambda p: p.slot_scores, float("nan")),
             rows=None if any(r is None for r in rows) else torch.cat(rows),

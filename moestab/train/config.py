@@ -66,7 +66,10 @@ class TrainConfig:
     overwrite: bool = False
     """Delete the run already in --out and start over (refuses a folder that is not a moestab run)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter / compute dtype."""
+    """Parameter / compute dtype of the trainer."""
+    rollout_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Precision the rollout engine samples in (default: --dtype). bfloat16 with an fp32 trainer reproduces the
+    production gap between an inference engine and the trainer: some tokens are routed differently (R3 removes it)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto = cuda when available."""
     eval_every: int = 20
@@ -95,6 +98,8 @@ class TrainConfig:
             raise ConfigError(f"algo: unknown {self.algo!r}; valid: {', '.join(PRESETS)}")
         _choice("routing_replay", self.routing_replay, REPLAY_MODES)
         _choice("dtype", self.dtype, DTYPES)
+        if self.rollout_dtype is not None:
+            _choice("rollout_dtype", self.rollout_dtype, DTYPES)
         _choice("device", self.device, DEVICES)
         for name in ("steps", "prompts_per_step", "minibatches", "save_every", "eval_every", "eval_size"):
             _at_least(name, getattr(self, name), 1)

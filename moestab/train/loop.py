@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from moestab import rl
 from moestab.configs import ConfigError, config_to_dict
@@ -116,15 +116,15 @@ def train(
     config: TrainConfig,
     *,
     log: Callable[[str], None] = print,
-    rollout_engine: Callable[[PreTrainedModel, PreTrainedTokenizerBase], HFRolloutEngine] = HFRolloutEngine,
+    rollout_engine: Callable[..., HFRolloutEngine] = HFRolloutEngine,
 ) -> RunResult:
     """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended.
 
     Everything that can be checked is checked before anything is written; once run.json exists, any
     stop (an exception, Ctrl-C, SIGTERM, a full disk) leaves it ``failed`` or ``interrupted`` with a
-    message, never ``running``. ``rollout_engine(model, tokenizer)`` builds the engine that samples
-    the rollouts (default: Hugging Face ``generate``); it must return a ``RolloutBatch`` with the
-    routes it used.
+    message, never ``running``. ``rollout_engine(model, tokenizer, dtype=...)`` builds the engine that
+    samples the rollouts (default: Hugging Face ``generate``, in ``config.rollout_dtype``); it must
+    return a ``RolloutBatch`` with the routes it used.
     """
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -195,7 +195,7 @@ def train(
                 writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
                 save_checkpoint(run_dir, 0, model, tokenizer, optimizer)
                 log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
-            engine = rollout_engine(model, tokenizer)
+            engine = rollout_engine(model, tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype])
             for step in range(start_step + 1, config.steps + 1):
                 if interrupt.requested:  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
                     step, status = step - 1, schema.STATUS_INTERRUPTED

@@ -1,6 +1,14 @@
-"""The rollout engine: Hugging Face ``generate()`` under a ``RoutingRecorder`` (routes kept for R3)."""
+"""The rollout engine: Hugging Face ``generate()`` under a ``RoutingRecorder`` (routes kept for R3).
+
+Production RL samples in an inference engine at lower precision (bf16) and trains in fp32 or bf16:
+the two route some tokens differently, which is the gap R3 removes. ``dtype`` reproduces that on any
+machine: the engine samples with its own copy of the policy in ``dtype``, synchronised from the
+trainer's weights before every rollout.
+"""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -12,14 +20,24 @@ from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 class HFRolloutEngine:
     """Samples completions with ``model.generate`` and records the experts every token used."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: torch.dtype | None = None
+    ) -> None:
+        """``model`` is the trainer's policy; ``dtype`` (default: the policy's) the precision the engine samples in."""
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs eos and pad tokens for batched generation")
-        self.model = model
+        self.policy = model
+        self.model = model if dtype in (None, model.dtype) else copy.deepcopy(model).to(dtype).eval()
         self.tokenizer = tokenizer
+
+    def sync_weights(self) -> None:
+        """Copy the trainer's current weights into the engine's copy (cast to its dtype); no-op without one."""
+        if self.model is not self.policy:
+            self.model.load_state_dict(self.policy.state_dict())
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
+        self.sync_weights()
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         device = next(self.model.parameters()).device

@@ -97,4 +97,8 @@ def step_metrics(t: StepTensors, per_minibatch: list[dict[str, torch.Tensor]], *
     out["experts/load_entropy"] = [float(v) for v in load_stats(counts)["load_entropy"]]
     if t.routes_old_free.entropy is not None:
         out["experts/router_entropy"] = t.response(t.routes_old_free.entropy).mean(0).tolist()  # [layers]
+    if t.routes_old_free.confidence is not None:
+        confidence = t.response(t.routes_old_free.confidence)  # [tokens, layers]
+        out["experts/routing_confidence"] = confidence.mean(0).tolist()
+        out["experts/routing_confidence_mean"] = confidence.mean().item()
     return out

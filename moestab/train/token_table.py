@@ -36,7 +36,10 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
         r = indices[rows][:, P - 1 :][mask][:, layer_slots]  # [N, layers', k]
         return _fixed_list(r.to(torch.int16).cpu().numpy(), r.shape[1] * r.shape[2])
 
-    margin = t.routes_old_free.margin[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
+    def per_layer(values: torch.Tensor) -> pa.FixedSizeListArray:  # [B, L, layers] -> [N] lists of layers'
+        v = values[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
+        return _fixed_list(v.astype(np.float32), v.shape[1])
+
     group_size = len(batch.completions) // len(t.examples)
     columns = {
         schema.COL_STEP: pa.array(np.full(len(seq), step, np.int32)),
@@ -59,6 +62,7 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
         schema.COL_ROUTES_OLD_FREE: routes(t.routes_old_free.indices),
         schema.COL_ROUTES_UPDATE: routes(t.routes_update),
         schema.COL_ROUTES_NEW: routes(t.routes_new.indices),
-        schema.COL_MARGIN_OLD: _fixed_list(margin.astype(np.float32), margin.shape[1]),
+        schema.COL_MARGIN_OLD: per_layer(t.routes_old_free.margin),
+        schema.COL_CONFIDENCE_OLD: per_layer(t.routes_old_free.confidence),
     }
     return pa.table(columns)

@@ -180,3 +180,21 @@ def test_generate_records_the_same_scores_and_ranking_as_teacher_forcing_on_deep
     # slot for slot, not only as sets: the KV-cached decode steps are ranked the same way
     assert torch.equal(generated.indices[real], forced.indices[real])
     torch.testing.assert_close(generated.slot_scores[real], forced.slot_scores[real], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_routing_confidence_is_the_softmax_mass_on_the_chosen_experts(family):
+    model = make_wide_model(family)
+    ids, mask = batch()
+    routes, own, _ = record_with_router_outputs(model, ids, mask)  # entropy (and confidence) on by default
+    real = mask.bool().flatten()
+    for j, site in enumerate(find_routers(model)):
+        logits, own_idx = own[site.name]  # [N, E], [N, k]
+        expected = [  # per token, with plain Python: sum over the chosen experts of softmax(logits)
+            sum(torch.softmax(row.double(), -1)[e].item() for e in chosen.tolist())
+            for row, chosen in zip(logits[real], own_idx[real], strict=True)
+        ]
+        got = routes.confidence[:, :, j].reshape(-1)[real].double()  # [n]
+        torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+        assert bool(((got > 0) & (got <= 1 + 1e-6)).all())
+    assert torch.isnan(routes.confidence[~mask.bool()]).all()

@@ -29,7 +29,7 @@ TOKEN_COLUMNS = [
     schema.COL_RESPONSE_LEN, schema.COL_REWARD, schema.COL_ADVANTAGE, schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD,
     schema.COL_LOGP_OLD_FREE, schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW, schema.COL_LOG_W, schema.COL_CLIPPED,
     schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD, schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_UPDATE,
-    schema.COL_ROUTES_NEW, schema.COL_MARGIN_OLD,
+    schema.COL_ROUTES_NEW, schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD,
 ]
 
 
