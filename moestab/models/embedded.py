@@ -7,32 +7,14 @@ Built in code from a seed (no download, ever). ``save_pretrained`` output loads 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from moestab.models.families import tiny_config
+from moestab.models.spec import EmbeddedModelSpec
 from moestab.models.tokenizer import build_char_tokenizer
-
-
-@dataclass(frozen=True)
-class EmbeddedModelSpec:
-    """Shape of the embedded policy."""
-
-    family: str = "qwen3_moe"
-    """Transformers MoE family (``moestab.models.families.TINY_CONFIGS``)."""
-    num_layers: int = 4
-    """Number of MoE decoder layers."""
-    num_experts: int = 8
-    """Routed experts per layer."""
-    top_k: int = 2
-    """Experts chosen per token."""
-    hidden_size: int = 128
-    """Residual width (a multiple of 4: four attention heads)."""
-    seed: int = 0
-    """Seed of the random initialisation."""
 
 
 def build_embedded_policy(spec: EmbeddedModelSpec | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:

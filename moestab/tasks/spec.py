@@ -28,29 +28,35 @@ def parse_task_spec(spec: str) -> tuple[str, dict[str, str]]:
 
     Values stay strings; each task parameter parses its own. Raises ``TaskSpecError`` on a malformed spec.
     """
+    return parse_spec(spec, "task", GRAMMAR)
+
+
+def parse_spec(spec: str, kind: str, grammar: str) -> tuple[str, dict[str, str]]:
+    """:func:`parse_task_spec` for any ``NAME:KEY=VALUE,...`` spec (e.g. ``--model embedded:layers=8``);
+    ``kind`` and ``grammar`` word the errors."""
     if not isinstance(spec, str):
-        raise TaskSpecError(f"task spec must be a string, got {type(spec).__name__}; expected {GRAMMAR}")
+        raise TaskSpecError(f"{kind} spec must be a string, got {type(spec).__name__}; expected {grammar}")
     name, colon, rest = spec.partition(":")
     name = name.strip()
     if not _IDENTIFIER.fullmatch(name):
         what = "is empty" if not name else f"has an invalid task name {name!r}"
-        raise TaskSpecError(f"task spec {spec!r} {what}; expected {GRAMMAR}")
+        raise TaskSpecError(f"{kind} spec {spec!r} {what}; expected {grammar}")
     params: dict[str, str] = {}
     if not colon:
         return name, params
     if not rest.strip():
-        raise TaskSpecError(f"task spec {spec!r} has ':' but no parameters; expected {GRAMMAR}")
+        raise TaskSpecError(f"{kind} spec {spec!r} has ':' but no parameters; expected {grammar}")
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not eq:
-            raise TaskSpecError(f"task spec {spec!r}: parameter {item.strip()!r} has no '='; expected KEY=VALUE")
+            raise TaskSpecError(f"{kind} spec {spec!r}: parameter {item.strip()!r} has no '='; expected KEY=VALUE")
         if not _IDENTIFIER.fullmatch(key):
-            raise TaskSpecError(f"task spec {spec!r}: invalid parameter name {key!r} in {item.strip()!r}")
+            raise TaskSpecError(f"{kind} spec {spec!r}: invalid parameter name {key!r} in {item.strip()!r}")
         if not value:
-            raise TaskSpecError(f"task spec {spec!r}: parameter {key!r} has an empty value")
+            raise TaskSpecError(f"{kind} spec {spec!r}: parameter {key!r} has an empty value")
         if key in params:
-            raise TaskSpecError(f"task spec {spec!r}: parameter {key!r} is given twice")
+            raise TaskSpecError(f"{kind} spec {spec!r}: parameter {key!r} is given twice")
         params[key] = value
     return name, params
 

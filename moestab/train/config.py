@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from moestab.configs import ConfigError
+from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.records.schema import REPLAY_MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -23,8 +24,10 @@ class TrainConfig:
     """Routing Replay: off; old (R2: replay pi_old's trainer routes in the updates); rollout (R3: replay
     the rollout engine's routes for the pi_old log-probs and the updates)."""
     model: str = "embedded"
-    """'embedded' (the built-in tiny Qwen3-MoE, warm-started by a short supervised phase) or a local
-    Hugging Face checkpoint folder / hub id."""
+    """'embedded' (the built-in tiny Qwen3-MoE: 4 layers, 8 experts, top-2, hidden 128, warm-started by a short
+    supervised phase), a variant such as 'embedded:layers=8,experts=32,top_k=4,hidden=256' (keys layers, experts,
+    top_k, hidden, family; each variant warm-starts and caches on its own), or a local Hugging Face checkpoint
+    folder / hub id."""
     task: str = "arithmetic"
     """Task spec, e.g. 'arithmetic', 'reverse:length=6', 'jsonl:path=data.jsonl,match=numeric' (docs/tasks.md)."""
     steps: int = 60
@@ -97,6 +100,11 @@ class TrainConfig:
         if self.algo not in PRESETS:
             raise ConfigError(f"algo: unknown {self.algo!r}; valid: {', '.join(PRESETS)}")
         _choice("routing_replay", self.routing_replay, REPLAY_MODES)
+        if is_embedded(self.model):
+            try:
+                parse_model_spec(self.model)
+            except ValueError as exc:
+                raise ConfigError(f"model: {exc}") from exc
         _choice("dtype", self.dtype, DTYPES)
         if self.rollout_dtype is not None:
             _choice("rollout_dtype", self.rollout_dtype, DTYPES)

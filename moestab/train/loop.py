@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from moestab import rl
 from moestab.configs import ConfigError, config_to_dict
-from moestab.models import EmbeddedModelSpec
+from moestab.models import is_embedded, parse_model_spec
 from moestab.records import schema
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter, remove_temporaries
@@ -63,10 +63,10 @@ def _cache_dir(config: TrainConfig) -> Path:
 
 
 def _base_model_path(config: TrainConfig, task: Task, log: Callable[[str], None]) -> tuple[str, dict | None]:
-    if config.model != "embedded":
+    if not is_embedded(config.model):
         return config.model, None
     spec = WarmStartSpec(
-        model=EmbeddedModelSpec(seed=config.seed),
+        model=parse_model_spec(config.model, seed=config.seed),
         task_spec=task.spec,
         target=config.warm_start_target,
         max_steps=config.warm_start_max_steps,
@@ -244,7 +244,7 @@ def _response_budget(config: TrainConfig, task: Task) -> int:
     needed = task.max_answer_chars + 1  # answer + EOS; the embedded tokenizer has one token per character
     if config.max_new_tokens is None:
         return needed
-    if config.model == "embedded" and config.max_new_tokens < needed:
+    if is_embedded(config.model) and config.max_new_tokens < needed:
         raise ConfigError(f"max_new_tokens={config.max_new_tokens} cannot hold the task's longest answer plus the "
                           f"end-of-sequence token ({needed} tokens), so no response could be right; use >= {needed} "
                           "or leave it unset")
