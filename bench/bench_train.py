@@ -156,8 +156,7 @@ class MoestabRunner:
         self.engine = HFRolloutEngine(self.model, tokenizer)
         preset = rl.get_preset(s.algo)
         self.settings = StepSettings(
-            preset=preset, clip_low=preset.clip_low, clip_high=preset.clip_high, kl_coef=0.0, gamma_min=0.1,
-            replay=self.replay, minibatches=s.minibatches, group_size=s.group, temperature=s.temperature,
+            preset=preset, replay=self.replay, minibatches=s.minibatches, group_size=s.group, temperature=s.temperature,
             max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm,
         )
 

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    import torch
+
+    torch.set_num_threads(args.threads)  # what `moestab train --threads` does; train() leaves it to its caller
 
     values: dict[str, list[float]] = {label: [] for label, _, _ in ROWS}
     times = []

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    import torch
+
+    torch.set_num_threads(args.threads)  # what `moestab train --threads` does; train() leaves it to its caller
 
     values: dict[tuple[str, str], list[float]] = {}
     for replay in ("off", "rollout"):

@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import traceback
 
+    import torch
     from transformers.utils import logging as hf_logging
 
     from moestab.configs import ConfigError, build_config, load_yaml
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
             except RunError as exc:
                 raise TrainingError(f"--resume {config.resume}: {exc}") from exc
             config = build_config(TrainConfig, saved, *layers)
+        if config.threads:  # the process's environment is the command's to set, not the library's
+            torch.set_num_threads(config.threads)
         result = train(config)
     except (ConfigError, TrainingError, TaskError, RoutingError) as exc:
         print(f"moestab train: error: {exc}", file=sys.stderr)

@@ -29,6 +29,9 @@ from moestab.rl.errors import UnknownNameError
 from moestab.rl.masking import masked_fill_zero, response_lengths
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+
+AGGREGATION_INPUTS: dict[str, tuple[str, ...]] = {"seq-mean-token-sum-norm": ("norm_constant",)}
+"""Keyword arguments an aggregation needs from the caller (the trainer fills them from its settings)."""
 """Valid values of the ``aggregation`` argument of every loss."""
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from moestab.rl.advantages import ADVANTAGE_ESTIMATORS
-from moestab.rl.aggregation import AGGREGATIONS
+from moestab.rl.aggregation import AGGREGATION_INPUTS, AGGREGATIONS
 from moestab.rl.errors import lookup
 from moestab.rl.losses import LEVELS
-from moestab.rl.registry import LOSSES
+from moestab.rl.registry import LOSS_SPECIFIC_INPUTS, LOSSES
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,13 @@ class AlgorithmPreset:
     def runtime_inputs(self) -> tuple[str, ...]:
         """Keyword arguments the trainer must supply at call time besides logp/old_logp/advantages/mask.
 
-        ``norm_constant`` for ``seq-mean-token-sum-norm``, ``router_logp_new``/``router_logp_old`` for RSPO,
-        ``ref_logp`` when ``kl_coef > 0``.
+        Declared by the pieces themselves: the aggregation's (``AGGREGATION_INPUTS``: ``norm_constant`` for
+        ``seq-mean-token-sum-norm``), the loss's tensors (``LOSS_SPECIFIC_INPUTS`` not fixed by the preset:
+        ``router_logp_new``/``router_logp_old`` for RSPO), and ``ref_logp`` when ``kl_coef > 0``.
         """
-        needed: list[str] = []
-        if self.aggregation == "seq-mean-token-sum-norm":
-            needed.append("norm_constant")
-        if self.loss == "rspo":
-            needed += ["router_logp_new", "router_logp_old"]
+        fixed = self.loss_kwargs()
+        needed = [*AGGREGATION_INPUTS.get(self.aggregation, ())]
+        needed += [name for name in LOSS_SPECIFIC_INPUTS[self.loss] if name not in fixed]
         if self.kl_coef > 0:
             needed.append("ref_logp")
         return tuple(needed)

@@ -50,7 +50,8 @@ LOSS_SPECIFIC_INPUTS: dict[str, tuple[str, ...]] = {
     "gmpo": (),
     "rspo": ("router_logp_new", "router_logp_old", "gamma_min"),
 }
-"""Keyword arguments a loss takes beyond the common ones."""
+"""Keyword arguments a loss takes beyond the common ones: the tensors the trainer must compute for it
+(``router_logp_*``) and the settings its preset fixes (``gamma_min``)."""
 
 
 def get_loss(name: str) -> LossFn:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from moestab.configs import ConfigError
 from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.records.schema import REPLAY_MODES
+
+if TYPE_CHECKING:
+    from moestab.rl import AlgorithmPreset
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -55,8 +58,8 @@ class TrainConfig:
     """Upper clip range eps_high; default: the algorithm's published value."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
-    gamma_min: float = 0.1
-    """RSPO only: floor of the router-shift weight."""
+    gamma_min: float | None = None
+    """RSPO only: floor of the router-shift weight, in [0, 1]; default: the rspo preset's (0.1, moestab's choice)."""
     seed: int = 0
     """Seed of everything: initialisation, prompts, sampling, minibatch order."""
     out: str | None = None
@@ -90,12 +93,14 @@ class TrainConfig:
     cache_dir: str | None = None
     """Where warm-started base models are cached; default $MOESTAB_CACHE or ~/.cache/moestab."""
     threads: int | None = None
-    """torch CPU threads (default: torch's choice)."""
+    """torch CPU threads, set by `moestab train` before training (default: torch's choice). The library's train()
+    leaves the process's thread count to its caller."""
     progress: bool = True
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
         from moestab.rl import PRESETS  # light: pure-torch module
+        from moestab.rl.router_shift import check_gamma_min
 
         if self.algo not in PRESETS:
             raise ConfigError(f"algo: unknown {self.algo!r}; valid: {', '.join(PRESETS)}")
@@ -141,8 +146,23 @@ class TrainConfig:
             raise ConfigError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if not 0 <= self.warm_start_target <= 1:
             raise ConfigError(f"warm_start_target must be in [0, 1], got {self.warm_start_target}")
-        if not 0 < self.gamma_min <= 1:
-            raise ConfigError(f"gamma_min must be in (0, 1], got {self.gamma_min}")
+        if self.gamma_min is not None:
+            if PRESETS[self.algo].gamma_min is None:
+                raise ConfigError(f"gamma_min applies to algo rspo only (the router-shift weight), not {self.algo!r}")
+            try:
+                check_gamma_min(self.gamma_min)  # the loss's own range: one definition
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+
+    def resolved_preset(self) -> AlgorithmPreset:
+        """The algorithm preset with this config's overrides (clip range, kl_coef, gamma_min) applied."""
+        from dataclasses import replace
+
+        from moestab.rl import get_preset
+
+        preset = get_preset(self.algo)
+        overrides = {"clip_low": self.clip_low, "clip_high": self.clip_high, "gamma_min": self.gamma_min}
+        return replace(preset, kl_coef=self.kl_coef, **{k: v for k, v in overrides.items() if v is not None})
 
     @property
     def run_dir(self) -> str:

@@ -12,7 +12,6 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from moestab import rl
 from moestab.configs import ConfigError, config_to_dict
 from moestab.models import is_embedded, parse_model_spec
 from moestab.records import schema
@@ -126,12 +125,9 @@ def train(
     samples the rollouts (default: Hugging Face ``generate``, in ``config.rollout_dtype``); it must
     return a ``RolloutBatch`` with the routes it used.
     """
-    if config.threads:
-        torch.set_num_threads(config.threads)
     device = _device(config.device)
     dtype = DTYPES[config.dtype]
     task = task_from_spec(config.task)
-    preset = rl.get_preset(config.algo)
     run_dir = Path(config.run_dir)
     writer = RunWriter(run_dir)
     max_new = _response_budget(config, task)
@@ -157,10 +153,7 @@ def train(
         load_optimizer_state(run_dir, start_step, optimizer)
     record_slots = _record_slots(model, config.record_layers)
     settings = StepSettings(
-        preset=preset,
-        clip_low=config.clip_low if config.clip_low is not None else preset.clip_low,
-        clip_high=config.clip_high if config.clip_high is not None else preset.clip_high,
-        kl_coef=config.kl_coef, gamma_min=config.gamma_min, replay=config.routing_replay,
+        preset=config.resolved_preset(), replay=config.routing_replay,
         minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
         max_new_tokens=max_new, max_grad_norm=config.max_grad_norm,
     )

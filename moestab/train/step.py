@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -43,10 +45,7 @@ class StepSettings:
     """What one step needs to know, resolved from ``TrainConfig`` and the algorithm preset."""
 
     preset: rl.AlgorithmPreset
-    clip_low: float
-    clip_high: float
-    kl_coef: float
-    gamma_min: float
+    """The objective with every setting resolved (clip range, kl_coef, loss-specific ones such as gamma_min)."""
     replay: str
     minibatches: int
     group_size: int
@@ -103,20 +102,50 @@ def _old_policy(
 ) -> _OldPolicy:
     # The free forward records the trainer's own routes (and margins for the records). Under R3 the
     # ratio uses a second forward that replays the rollout engine's routes.
-    is_rspo = s.preset.loss == "rspo"
-    free = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, router_logprobs=is_rspo,
-                                  entropy=True, router_stats=True)
+    free = chunked_policy_forward(model, batch, chunks, temperature=s.temperature,
+                                  router_logprobs=_needs_router_logprobs(s.preset), entropy=True, router_stats=True)
     logp, routes = free.logp, free.routes.indices
     if s.replay == "rollout":
         logp = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, replay=batch.routes,
                                       record=False).logp
         routes = batch.routes.indices
     ref_logp = None
-    if s.kl_coef > 0:
+    if "ref_logp" in s.preset.runtime_inputs:
         if ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         ref_logp = chunked_policy_forward(ref_model, batch, chunks, temperature=s.temperature, record=False).logp
     return _OldPolicy(free=free, logp=logp, routes=routes, ref_logp=ref_logp)
+
+
+@dataclass(frozen=True)
+class _LossContext:
+    """What the providers of :data:`RUNTIME_INPUTS` read for one minibatch."""
+
+    settings: StepSettings
+    batch: RolloutBatch
+    rows: torch.Tensor  # [b] the minibatch's rows
+    fwd: PolicyForward  # the update forward of those rows
+    old: _OldPolicy
+
+
+def _router_logp(routes, ctx: _LossContext) -> torch.Tensor:
+    """Router log-probs of pi_old's chosen experts under ``routes``' routers: ``[b, T, layers, k]``."""
+    old_idx = response_routes(ctx.old.free.routes, ctx.batch)[ctx.rows]  # [b, T, layers, k]
+    return gather_router_logprobs(routes.router_logprobs[:, ctx.batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
+
+
+RUNTIME_INPUTS: dict[str, Callable[[_LossContext], Any]] = {
+    "norm_constant": lambda c: float(c.settings.max_new_tokens),
+    "ref_logp": lambda c: c.old.ref_logp[c.rows],
+    "router_logp_old": lambda c: _router_logp(c.old.free.routes.select(c.rows), c),
+    "router_logp_new": lambda c: _router_logp(c.fwd.routes, c),
+}
+"""How the step fills each input an objective declares (``AlgorithmPreset.runtime_inputs``): one table, so a
+new objective adds an entry here instead of a branch in the step."""
+
+
+def _needs_router_logprobs(preset: rl.AlgorithmPreset) -> bool:
+    return any(name.startswith("router_logp") for name in preset.runtime_inputs)
 
 
 def _loss_inputs(
@@ -124,23 +153,12 @@ def _loss_inputs(
     advantages: torch.Tensor,
 ) -> dict:
     """Keyword arguments of the registered loss for one minibatch."""
-    kwargs = {
+    ctx = _LossContext(s, batch, rows, fwd, old)
+    return {
         **s.preset.loss_kwargs(),
-        "logp": fwd.logp, "old_logp": old.logp[rows], "advantages": advantages[rows],
-        "mask": batch.response_mask[rows], "clip_low": s.clip_low, "clip_high": s.clip_high, "kl_coef": s.kl_coef,
+        "logp": fwd.logp, "old_logp": old.logp[rows], "advantages": advantages[rows], "mask": batch.response_mask[rows],
+        **{name: RUNTIME_INPUTS[name](ctx) for name in s.preset.runtime_inputs},
     }
-    if old.ref_logp is not None:
-        kwargs["ref_logp"] = old.ref_logp[rows]
-    if s.preset.aggregation == "seq-mean-token-sum-norm":
-        kwargs["norm_constant"] = float(s.max_new_tokens)
-    if s.preset.loss == "rspo":
-        old_idx = response_routes(old.free.routes, batch)[rows]  # [b, T, layers, k]
-        kwargs["gamma_min"] = s.gamma_min
-        kwargs["router_logp_old"] = gather_router_logprobs(
-            old.free.routes.router_logprobs[rows][:, batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
-        kwargs["router_logp_new"] = gather_router_logprobs(
-            fwd.routes.router_logprobs[:, batch.prompt_len - 1 :], old_idx).nan_to_num(0.0)
-    return kwargs
 
 
 def _updates(
@@ -159,7 +177,7 @@ def _updates(
         fwd = policy_forward(
             model, batch.select(rows), temperature=s.temperature,
             replay=None if replay_source is None else replay_source.select(rows),
-            router_logprobs=s.preset.loss == "rspo",
+            router_logprobs=_needs_router_logprobs(s.preset),
         )
         parts = rl.compute_loss_parts(s.preset.loss, **_loss_inputs(s, batch, rows, fwd, old, advantages))
         if not torch.isfinite(parts.loss):

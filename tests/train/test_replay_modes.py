@@ -34,7 +34,7 @@ def one_step(replay: str):
     before = copy.deepcopy(model)
     task = task_from_spec(TASK)
     settings = StepSettings(
-        preset=rl.get_preset("grpo"), clip_low=0.2, clip_high=0.27, kl_coef=0.0, gamma_min=0.1, replay=replay,
+        preset=rl.get_preset("grpo"), replay=replay,
         minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
     )
     metrics, t = run_step(
@@ -115,7 +115,7 @@ def test_without_an_update_pi_new_equals_pi_old_exactly_whatever_the_batch_shape
     model, tokenizer = build_embedded_policy()
     task = task_from_spec(TASK)
     settings = StepSettings(
-        preset=rl.get_preset("grpo"), clip_low=0.2, clip_high=0.27, kl_coef=0.0, gamma_min=0.1, replay=replay,
+        preset=rl.get_preset("grpo"), replay=replay,
         minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
     )
     noise = BatchShapeNoise(model)
@@ -132,3 +132,37 @@ def test_without_an_update_pi_new_equals_pi_old_exactly_whatever_the_batch_shape
     assert torch.equal(t.logp_new[mask], t.logp_old_free[mask])
     assert metrics["routing/old_new/changed"] == 0.0 and metrics["routing/old_new/token_flip"] == 0.0
     assert torch.equal(t.logp_update[mask], t.logp_old[mask])  # every minibatch's ratio is exactly 1
+
+
+def test_every_input_an_objective_declares_has_a_provider_in_the_step():
+    # A new objective declares its inputs (registry / aggregation / kl); the step must know how to fill each.
+    from dataclasses import replace
+
+    from moestab.rl.aggregation import AGGREGATION_INPUTS
+    from moestab.train.step import RUNTIME_INPUTS
+
+    declared = set()
+    for preset in rl.PRESETS.values():
+        declared |= set(replace(preset, kl_coef=0.1).runtime_inputs)  # with a KL penalty: ref_logp too
+    declared |= {name for names in AGGREGATION_INPUTS.values() for name in names}
+    assert declared == set(RUNTIME_INPUTS)
+    assert {"norm_constant", "ref_logp", "router_logp_old", "router_logp_new"} == declared
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"algo": "grpo", "gamma_min": 0.5}, "gamma_min applies to algo rspo only"),
+        ({"algo": "rspo", "gamma_min": 1.5}, r"gamma_min must be a number in \[0, 1\], got 1.5"),
+    ],
+)
+def test_gamma_min_has_one_default_and_one_valid_range(tmp_path, overrides, message):
+    from moestab.configs import ConfigError
+
+    from .helpers import tiny_config
+
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(tmp_path / "run", tmp_path / "cache", **overrides)
+    config = tiny_config(tmp_path / "run", tmp_path / "cache", algo="rspo", gamma_min=0.0)  # the loss's own range
+    assert config.resolved_preset().gamma_min == 0.0
+    assert tiny_config(tmp_path / "r", tmp_path / "c", algo="rspo").resolved_preset().gamma_min == 0.1  # preset's
