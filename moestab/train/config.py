@@ -88,6 +88,9 @@ class TrainConfig:
     """MoE layers written to the per-token tables (default: all)."""
     warm_start_target: float = 0.4
     """Embedded model only: stop the supervised warm start at this eval accuracy, leaving room for RL."""
+    max_zero_advantage_steps: int = 3
+    """Stop (failed) when this many consecutive steps had an advantage of 0 for every sequence (every group's
+    rewards equal: nothing can be learned), saying what to change; 0 never stops."""
     warm_start_max_steps: int = 1500
     """Embedded model only: cap on supervised warm-start steps."""
     cache_dir: str | None = None
@@ -118,6 +121,7 @@ class TrainConfig:
             _at_least(name, getattr(self, name), 1)
         _at_least("group_size", self.group_size, 2)
         _at_least("warm_start_max_steps", self.warm_start_max_steps, 0)
+        _at_least("max_zero_advantage_steps", self.max_zero_advantage_steps, 0)
         if self.max_new_tokens is not None:
             _at_least("max_new_tokens", self.max_new_tokens, 1)
         if self.threads is not None:

@@ -181,6 +181,7 @@ def train(
         start_accuracy = None
     progress = _progress(config, start_step)
     step, status, final_accuracy = start_step, schema.STATUS_FINISHED, None
+    zero_steps = 0  # consecutive steps whose every advantage was 0
     with GracefulInterrupt() as interrupt, writer.beating():
         try:
             if not config.resume:
@@ -211,6 +212,9 @@ def train(
                     save_checkpoint(run_dir, step, model, tokenizer, optimizer)
                 writer.update(last_step=step)
                 progress.update(metrics)
+                zero_steps = zero_steps + 1 if metrics["advantage/nonzero_frac"] == 0 else 0
+                if config.max_zero_advantage_steps and zero_steps >= config.max_zero_advantage_steps:
+                    raise NothingToLearnError(_nothing_to_learn(config, step, zero_steps, start_accuracy))
                 if interrupt.requested:
                     save_checkpoint(run_dir, step, model, tokenizer, optimizer)
                     status = schema.STATUS_INTERRUPTED
@@ -219,6 +223,9 @@ def train(
                     break
             else:
                 final_accuracy = metrics.get("eval/accuracy") if config.steps > start_step else evaluate()
+        except NothingToLearnError as exc:
+            writer.update(status=schema.STATUS_FAILED, error=str(exc), last_step=step)
+            raise TrainingError(str(exc)) from exc
         except NonFiniteLossError as exc:
             last_good = complete_checkpoints(run_dir)[-1]
             message = f"step {step}: {exc}; stopped, the last good checkpoint is step {last_good} (not overwritten)"
@@ -230,6 +237,21 @@ def train(
             progress.close()
     writer.update(status=status, last_step=step, final_accuracy=final_accuracy)
     return RunResult(run_dir, status, step, start_accuracy, final_accuracy)
+
+
+class NothingToLearnError(RuntimeError):
+    """Every advantage was 0 for several steps in a row: the rewards give RL nothing to learn from."""
+
+
+def _nothing_to_learn(config: TrainConfig, step: int, steps: int, start_accuracy: float | None) -> str:
+    start = "n/a" if start_accuracy is None else f"{start_accuracy:.1%}"
+    hints = ["a reward with partial credit", "an easier task spec"]
+    if is_embedded(config.model):
+        hints.insert(0, f"a longer warm start (--warm-start-max-steps, now {config.warm_start_max_steps}; "
+                        f"--warm-start-target, now {config.warm_start_target})")
+    return (f"steps {step - steps + 1}-{step}: every group's rewards were equal, so every advantage was 0 and "
+            f"nothing can be learned (start eval accuracy {start}); try {', or '.join(hints)}. "
+            "--max-zero-advantage-steps 0 disables this stop")
 
 
 def _response_budget(config: TrainConfig, task: Task) -> int:

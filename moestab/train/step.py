@@ -240,6 +240,7 @@ def run_step(
         "response/length_mean": mask.sum(-1).float().mean().item(),
         "response/length_max": int(mask.sum(-1).max()),
         "minibatches": len(chunks),
+        "advantage/nonzero_frac": (advantages != 0).float().mean().item(),
         "loss": sum(up.losses) / len(up.losses),
         "grad_norm": sum(up.grad_norms) / len(up.grad_norms),
         "grad_norm_max": max(up.grad_norms),

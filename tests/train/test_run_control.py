@@ -170,3 +170,22 @@ def test_overwrite_deletes_the_old_run_only_once_every_setting_is_checked(tmp_pa
     assert (run / schema.RUN_JSON).read_bytes() == before and (run / schema.checkpoint_dir(1)).is_dir()
     train(tiny_config(run, cache_dir, steps=2, overwrite=True), **QUIET)
     assert json.loads((run / schema.RUN_JSON).read_text())["last_step"] == 2
+
+
+def test_a_run_whose_every_advantage_is_zero_stops_and_says_what_to_change(tmp_path, cache_dir):
+    from .helpers import REWARD
+
+    run = tmp_path / "run"
+    config = tiny_config(run, cache_dir, steps=5, task=f"arithmetic:reward={REWARD}:always_zero",
+                         max_zero_advantage_steps=2)
+    with pytest.raises(TrainingError, match=r"steps 1-2: every group's rewards were equal, so every advantage was 0 "
+                                            r"and nothing can be learned .* a longer warm start"):
+        train(config, **QUIET)
+    info = json.loads((run / schema.RUN_JSON).read_text())
+    assert info["status"] == "failed" and info["last_step"] == 2 and "--max-zero-advantage-steps 0" in info["error"]
+    lines = [json.loads(x) for x in (run / schema.METRICS_JSONL).read_text().splitlines()]
+    assert [m["advantage/nonzero_frac"] for m in lines] == [0.0, 0.0]
+    # and a reward that varies never trips it
+    other = tmp_path / "other"
+    train(tiny_config(other, cache_dir, steps=3, max_zero_advantage_steps=1), **QUIET)
+    assert json.loads((other / schema.RUN_JSON).read_text())["status"] == "finished"
