@@ -56,6 +56,9 @@ class TrainConfig:
     """Lower clip range eps_low; default: the algorithm's published value."""
     clip_high: float | None = None
     """Upper clip range eps_high; default: the algorithm's published value."""
+    router_aux_loss_coef: float = 0.0
+    """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
+    0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
     gamma_min: float | None = None
@@ -135,7 +138,7 @@ class TrainConfig:
             )
         for name in ("lr", "temperature", "max_grad_norm"):
             _finite(name, getattr(self, name), "> 0", lambda v: v > 0)
-        for name in ("weight_decay", "kl_coef"):
+        for name in ("weight_decay", "kl_coef", "router_aux_loss_coef"):
             _finite(name, getattr(self, name), ">= 0", lambda v: v >= 0)
         log_space = PRESETS[self.algo].loss == "gmpo"  # GMPO clips log w: its bounds may exceed 1
         if self.clip_low is not None:

@@ -21,6 +21,8 @@ class PolicyForward:
     """``[B, T]`` token entropy (detached), when asked."""
     routes: Routes | None
     """Routes used at every input position ``[B, L, layers, top_k]``, when recorded."""
+    aux_loss: torch.Tensor | None = None
+    """0-dim load-balancing loss the model computes from its router logits, when asked (with grad)."""
 
 
 def policy_forward(
@@ -33,8 +35,12 @@ def policy_forward(
     router_logprobs: bool = False,
     entropy: bool = False,
     router_stats: bool = False,
+    aux_loss: bool = False,
 ) -> PolicyForward:
     """Log-probs of ``batch``'s responses under ``model``; routes forced to ``replay`` when given.
+
+    ``aux_loss`` also returns the model's own load-balancing loss (transformers' ``output_router_logits``);
+    a family without one (DeepSeek-V3 balances with a bias instead) raises ``ValueError``.
 
     ``entropy`` also returns the policy's token entropy; ``router_stats`` records the routers'
     margins and entropies with the routes (only pi_old's are kept in the run records).
@@ -51,19 +57,24 @@ def policy_forward(
             if record
             else None
         )
-        logits = model(
+        out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             position_ids=position_ids_from_mask(batch.attention_mask),
             use_cache=False,
-        ).logits  # [B, L, V]
+            **({"output_router_logits": True} if aux_loss else {}),
+        )
+        logits = out.logits  # [B, L, V]
+    balance = getattr(out, "aux_loss", None) if aux_loss else None
+    if aux_loss and balance is None:
+        raise ValueError(f"{model.config.model_type} computes no load-balancing loss (router_aux_loss_coef needs one)")
     response_logits = batch.response_logits(logits)  # [B, T, V]
     logp = rl.token_logprobs(response_logits, batch.targets, temperature=temperature)  # [B, T]
     ent = None
     if entropy:
         with torch.no_grad():
             ent = rl.token_entropy(response_logits.detach(), temperature=temperature)  # [B, T]
-    return PolicyForward(logp=logp, entropy=ent, routes=recorder.routes if recorder else None)
+    return PolicyForward(logp=logp, entropy=ent, routes=recorder.routes if recorder else None, aux_loss=balance)
 
 
 def response_routes(routes: Routes, batch: RolloutBatch) -> torch.Tensor:

@@ -152,10 +152,13 @@ def train(
     if start_step:
         load_optimizer_state(run_dir, start_step, optimizer)
     record_slots = _record_slots(model, config.record_layers)
+    if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):
+        raise ConfigError(f"router_aux_loss_coef: {model.config.model_type} has no load-balancing loss (it balances "
+                          "its experts otherwise, e.g. DeepSeek-V3's selection bias); leave it at 0")
     settings = StepSettings(
         preset=config.resolved_preset(), replay=config.routing_replay,
         minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
-        max_new_tokens=max_new, max_grad_norm=config.max_grad_norm,
+        max_new_tokens=max_new, max_grad_norm=config.max_grad_norm, router_aux_loss_coef=config.router_aux_loss_coef,
     )
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state

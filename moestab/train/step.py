@@ -52,6 +52,8 @@ class StepSettings:
     temperature: float
     max_new_tokens: int
     max_grad_norm: float
+    router_aux_loss_coef: float = 0.0
+    """Weight of the model's load-balancing loss added to the policy loss in the updates (0: none)."""
 
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -177,20 +179,24 @@ def _updates(
         fwd = policy_forward(
             model, batch.select(rows), temperature=s.temperature,
             replay=None if replay_source is None else replay_source.select(rows),
-            router_logprobs=_needs_router_logprobs(s.preset),
+            router_logprobs=_needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
         )
         parts = rl.compute_loss_parts(s.preset.loss, **_loss_inputs(s, batch, rows, fwd, old, advantages))
-        if not torch.isfinite(parts.loss):
-            raise NonFiniteLossError(f"policy loss is {parts.loss.item()} at minibatch {m}")
+        loss, metrics = parts.loss, parts.metrics
+        if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
+            loss = loss + s.router_aux_loss_coef * fwd.aux_loss
+            metrics = {**metrics, "objective/router_aux_loss": fwd.aux_loss.detach()}
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"policy loss is {loss.item()} at minibatch {m}")
         optimizer.zero_grad(set_to_none=True)
-        parts.loss.backward()
+        loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
         if not torch.isfinite(grad_norm):
             raise NonFiniteLossError(f"gradient norm is {grad_norm.item()} at minibatch {m}")
         optimizer.step()
-        losses.append(parts.loss.item())
+        losses.append(loss.item())
         grad_norms.append(grad_norm.item())
-        loss_metrics.append(parts.metrics)
+        loss_metrics.append(metrics)
         logp[rows] = fwd.logp.detach()
         clipped[rows] = parts.clipped
         routes[rows] = fwd.routes.indices

@@ -189,3 +189,32 @@ def test_a_run_whose_every_advantage_is_zero_stops_and_says_what_to_change(tmp_p
     other = tmp_path / "other"
     train(tiny_config(other, cache_dir, steps=3, max_zero_advantage_steps=1), **QUIET)
     assert json.loads((other / schema.RUN_JSON).read_text())["status"] == "finished"
+
+
+def test_router_aux_loss_is_added_in_the_updates_and_refused_where_a_family_has_none(tmp_path, cache_dir):
+    plain, balanced = tmp_path / "plain", tmp_path / "balanced"
+    train(tiny_config(plain, cache_dir, steps=1, minibatches=1), **QUIET)  # one update: both from the same weights
+    train(tiny_config(balanced, cache_dir, steps=1, minibatches=1, router_aux_loss_coef=0.5), **QUIET)
+    (p,) = [json.loads(x) for x in (plain / schema.METRICS_JSONL).read_text().splitlines()]
+    (b,) = [json.loads(x) for x in (balanced / schema.METRICS_JSONL).read_text().splitlines()]
+    assert "loss/objective/router_aux_loss" not in p
+    aux = b["loss/objective/router_aux_loss"]
+    # Switch-style balance loss: E * sum_e f_e P_e, ~top_k when the load is uniform (E=8, k=2: >= 2 here).
+    assert aux >= 1.9
+    assert b["loss"] == pytest.approx(b["loss/objective/policy_loss"] + 0.5 * aux, rel=1e-6)
+    # the same first rollout, another objective: the policy loss terms agree, the totals do not
+    assert b["loss/objective/policy_loss"] == pytest.approx(p["loss/objective/policy_loss"], rel=1e-6)
+    assert b["loss"] != p["loss"]
+
+    from transformers import AutoModelForCausalLM
+
+    from moestab.models import build_char_tokenizer, save_policy
+    from moestab.models import tiny_config as family_config
+
+    tokenizer = build_char_tokenizer()
+    model = AutoModelForCausalLM.from_config(family_config("deepseek_v3", vocab_size=len(tokenizer)))
+    save_policy(model, tokenizer, tmp_path / "ds")
+    with pytest.raises(ConfigError, match="deepseek_v3 has no load-balancing loss"):
+        train(tiny_config(tmp_path / "ds-run", cache_dir, model=str(tmp_path / "ds"), router_aux_loss_coef=0.1),
+              **QUIET)
+    assert not (tmp_path / "ds-run").exists()
