@@ -42,6 +42,9 @@ class AlgorithmPreset:
     """Coefficient of the k3 penalty against a reference policy; 0 in every preset (no reference model)."""
     gamma_min: float | None = None
     """RSPO only: floor of the router-shift weight; None for every other loss."""
+    overlong_cache_fraction: float | None = None
+    """DAPO's overlong reward shaping: ``L_cache`` as a fraction of the maximum response length (``None``: off);
+    a training-loop setting that the algorithm prescribes (``moestab.rl.shaping``)."""
 
     def __post_init__(self) -> None:
         lookup(LOSSES, self.loss, "policy loss")
@@ -52,6 +55,8 @@ class AlgorithmPreset:
             value = getattr(self, field_name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"preset {self.name!r}: {field_name} must be finite and >= 0, got {value}")
+        if self.overlong_cache_fraction is not None and not 0 < self.overlong_cache_fraction <= 1:
+            raise ValueError(f"preset {self.name!r}: overlong_cache_fraction must be in (0, 1]")
         if (self.loss == "rspo") != (self.gamma_min is not None):
             raise ValueError(f"preset {self.name!r}: gamma_min is required for loss 'rspo' and only for it")
 
@@ -127,7 +132,9 @@ _PRESET_LIST = (
         clip_high=0.28,
         aggregation="token-mean",
         advantage="group-normalized",
-        citation="DAPO, Yu et al. 2025 (arXiv 2503.14476): token-mean loss, clip-higher (0.2, 0.28)",
+        overlong_cache_fraction=4096 / 20480,
+        citation="DAPO, Yu et al. 2025 (arXiv 2503.14476): token-mean loss, clip-higher (0.2, 0.28); overlong "
+        "shaping with L_cache = 4,096 of L_max = 20,480 (a fifth)",
     ),
     AlgorithmPreset(
         name="dr-grpo",

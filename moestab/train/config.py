@@ -56,6 +56,10 @@ class TrainConfig:
     """Lower clip range eps_low; default: the algorithm's published value."""
     clip_high: float | None = None
     """Upper clip range eps_high; default: the algorithm's published value."""
+    overlong_cache: int | None = None
+    """DAPO's overlong reward shaping: responses longer than max_new_tokens - overlong_cache get a penalty growing to
+    -1 at max_new_tokens; default: the preset's (dapo: a fifth of max_new_tokens, as DAPO's 4,096 of 20,480),
+    0 = off."""
     router_aux_loss_coef: float = 0.0
     """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
     0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""
@@ -125,6 +129,8 @@ class TrainConfig:
         _at_least("group_size", self.group_size, 2)
         _at_least("warm_start_max_steps", self.warm_start_max_steps, 0)
         _at_least("max_zero_advantage_steps", self.max_zero_advantage_steps, 0)
+        if self.overlong_cache is not None:
+            _at_least("overlong_cache", self.overlong_cache, 0)
         if self.max_new_tokens is not None:
             _at_least("max_new_tokens", self.max_new_tokens, 1)
         if self.threads is not None:
@@ -170,6 +176,16 @@ class TrainConfig:
         preset = get_preset(self.algo)
         overrides = {"clip_low": self.clip_low, "clip_high": self.clip_high, "gamma_min": self.gamma_min}
         return replace(preset, kl_coef=self.kl_coef, **{k: v for k, v in overrides.items() if v is not None})
+
+    def overlong_cache_tokens(self, max_new_tokens: int) -> int | None:
+        """``L_cache`` in tokens for a response budget of ``max_new_tokens`` (None: no overlong shaping)."""
+        if self.overlong_cache is not None:
+            if self.overlong_cache > max_new_tokens:
+                raise ConfigError(f"overlong_cache={self.overlong_cache} exceeds max_new_tokens={max_new_tokens}; "
+                                  f"valid: 0 (off) to {max_new_tokens}")
+            return self.overlong_cache or None
+        fraction = self.resolved_preset().overlong_cache_fraction
+        return None if fraction is None else max(1, round(fraction * max_new_tokens))
 
     @property
     def run_dir(self) -> str:

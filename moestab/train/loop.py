@@ -159,6 +159,7 @@ def train(
         preset=config.resolved_preset(), replay=config.routing_replay,
         minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
         max_new_tokens=max_new, max_grad_norm=config.max_grad_norm, router_aux_loss_coef=config.router_aux_loss_coef,
+        overlong_cache=config.overlong_cache_tokens(max_new),
     )
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state

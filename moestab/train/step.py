@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedModel
 
 from moestab import rl
+from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.batch import RolloutBatch
@@ -54,6 +55,8 @@ class StepSettings:
     max_grad_norm: float
     router_aux_loss_coef: float = 0.0
     """Weight of the model's load-balancing loss added to the policy loss in the updates (0: none)."""
+    overlong_cache: int | None = None
+    """DAPO's overlong reward shaping: ``L_cache`` tokens below ``max_new_tokens`` (None: off)."""
 
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -90,11 +93,19 @@ class _Updates:
 
 
 def _score(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
+    """Rewards (task reward plus any shaping), correctness, advantages ``[B]`` each, and shaping metrics."""
     per_seq = [ex for ex in examples for _ in range(s.group_size)]
     rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])  # [B]
     correct = torch.tensor([task.is_correct(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])
+    shaping: dict[str, float] = {}
+    if s.overlong_cache:
+        penalty = overlong_penalty(batch.response_mask.sum(-1), s.max_new_tokens, s.overlong_cache)  # [B]
+        shaping = {"reward/task_mean": rewards.double().mean().item(),
+                   "reward/overlong_penalty_mean": penalty.mean().item(),
+                   "reward/overlong_frac": (penalty < 0).double().mean().item()}
+        rewards = rewards.double() + penalty
     advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
-    return rewards, correct, advantages
+    return rewards, correct, advantages, shaping
 
 
 @torch.no_grad()
@@ -221,7 +232,7 @@ def run_step(
     chunks = minibatch_rows(len(prompts), s.minibatches, generator)  # checked before the rollout's cost
     batch = engine.generate(prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
     t_rollout = time.perf_counter() - t0
-    rewards, correct, advantages = _score(task, examples, batch, s)
+    rewards, correct, advantages, shaping = _score(task, examples, batch, s)
     old = _old_policy(model, batch, chunks, s, ref_model)
     t1 = time.perf_counter()
     up = _updates(model, optimizer, batch, chunks, old, advantages, s)
@@ -242,6 +253,7 @@ def run_step(
         "time/update_s": t_update,
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        **shaping,
         "accuracy": correct.float().mean().item(),
         "response/length_mean": mask.sum(-1).float().mean().item(),
         "response/length_max": int(mask.sum(-1).max()),
