@@ -42,6 +42,9 @@ class AlgorithmPreset:
     """Coefficient of the k3 penalty against a reference policy; 0 in every preset (no reference model)."""
     gamma_min: float | None = None
     """RSPO only: floor of the router-shift weight; None for every other loss."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: train only on groups whose rewards differ (a training-loop setting the
+    algorithm prescribes)."""
     overlong_cache_fraction: float | None = None
     """DAPO's overlong reward shaping: ``L_cache`` as a fraction of the maximum response length (``None``: off);
     a training-loop setting that the algorithm prescribes (``moestab.rl.shaping``)."""
@@ -132,9 +135,10 @@ _PRESET_LIST = (
         clip_high=0.28,
         aggregation="token-mean",
         advantage="group-normalized",
+        dynamic_sampling=True,
         overlong_cache_fraction=4096 / 20480,
         citation="DAPO, Yu et al. 2025 (arXiv 2503.14476): token-mean loss, clip-higher (0.2, 0.28); overlong "
-        "shaping with L_cache = 4,096 of L_max = 20,480 (a fifth)",
+        "shaping with L_cache = 4,096 of L_max = 20,480 (a fifth); dynamic sampling",
     ),
     AlgorithmPreset(
         name="dr-grpo",

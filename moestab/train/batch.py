@@ -57,6 +57,43 @@ class RolloutBatch:
         )
 
 
+def cat_batches(parts: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """Rollout batches stacked along the batch axis, re-laid out on a common prompt width and response length.
+
+    Prompts stay left-padded (to the widest ``prompt_len``) and responses right-padded (to the longest), so
+    every row keeps the trainer's layout; padding has attention 0, no route (-1) and no loss.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    P = max(b.prompt_len for b in parts)
+    T = max(b.targets.shape[1] for b in parts)
+
+    def relay(b: RolloutBatch, x: torch.Tensor, fill) -> torch.Tensor:  # [B, L_b, ...] -> [B, P + T - 1, ...]
+        left = x.new_full((x.shape[0], P - b.prompt_len, *x.shape[2:]), fill)
+        right = x.new_full((x.shape[0], T - b.targets.shape[1], *x.shape[2:]), fill)
+        return torch.cat([left, x, right], dim=1)
+
+    def right(b: RolloutBatch, x: torch.Tensor, fill) -> torch.Tensor:  # [B, T_b] -> [B, T]
+        return torch.cat([x, x.new_full((x.shape[0], T - x.shape[1]), fill)], dim=1)
+
+    first = parts[0].routes
+    routes = Routes(
+        indices=torch.cat([relay(b, b.routes.indices, -1) for b in parts]),  # [sum B, P + T - 1, layers, k]
+        layers=first.layers,
+        num_experts=first.num_experts,
+    )
+    return RolloutBatch(
+        input_ids=torch.cat([relay(b, b.input_ids, pad_token_id) for b in parts]),
+        attention_mask=torch.cat([relay(b, b.attention_mask, 0) for b in parts]),
+        targets=torch.cat([right(b, b.targets, pad_token_id) for b in parts]),
+        response_mask=torch.cat([right(b, b.response_mask, False) for b in parts]),
+        logp_rollout=torch.cat([right(b, b.logp_rollout, 0.0) for b in parts]),
+        routes=routes,
+        prompt_len=P,
+        completions=[c for b in parts for c in b.completions],
+    )
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counted over real tokens, as ``generate()`` computes them for left padding."""
     positions = attention_mask.long().cumsum(-1) - 1  # [B, L]

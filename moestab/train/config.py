@@ -60,6 +60,12 @@ class TrainConfig:
     """DAPO's overlong reward shaping: responses longer than max_new_tokens - overlong_cache get a penalty growing to
     -1 at max_new_tokens; default: the preset's (dapo: a fifth of max_new_tokens, as DAPO's 4,096 of 20,480),
     0 = off."""
+    dynamic_sampling: bool | None = None
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal (every advantage 0) and draw more prompts,
+    up to dynamic_sampling_rounds extra rollouts; default: the preset's (on for dapo)."""
+    dynamic_sampling_rounds: int = 3
+    """Budget of extra rollouts per step for dynamic sampling (each of prompts_per_step prompts); when it runs
+    out, dropped groups fill the batch (counted in sampling/groups_filled)."""
     router_aux_loss_coef: float = 0.0
     """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
     0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""
@@ -129,6 +135,7 @@ class TrainConfig:
         _at_least("group_size", self.group_size, 2)
         _at_least("warm_start_max_steps", self.warm_start_max_steps, 0)
         _at_least("max_zero_advantage_steps", self.max_zero_advantage_steps, 0)
+        _at_least("dynamic_sampling_rounds", self.dynamic_sampling_rounds, 0)
         if self.overlong_cache is not None:
             _at_least("overlong_cache", self.overlong_cache, 0)
         if self.max_new_tokens is not None:

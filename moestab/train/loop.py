@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -160,6 +161,9 @@ def train(
         minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
         max_new_tokens=max_new, max_grad_norm=config.max_grad_norm, router_aux_loss_coef=config.router_aux_loss_coef,
         overlong_cache=config.overlong_cache_tokens(max_new),
+        dynamic_sampling=(config.dynamic_sampling if config.dynamic_sampling is not None
+                          else config.resolved_preset().dynamic_sampling),
+        dynamic_sampling_rounds=config.dynamic_sampling_rounds,
     )
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
@@ -206,6 +210,7 @@ def train(
                     model=model, optimizer=optimizer, engine=engine, task=task, settings=settings,
                     examples=step_examples(task, config.prompts_per_step, config.seed, step),
                     generator=torch.Generator().manual_seed(seed), ref_model=ref_model,
+                    draw_more=lambda r, seed=seed: task.sample(config.prompts_per_step, random.Random(seed * 1009 + r)),
                 )
                 rows = _record_rows(tensors.batch.batch_size, config.record_fraction, seed)
                 writer.write_tokens(step, token_table(step, tensors, rows=rows, layer_slots=record_slots))

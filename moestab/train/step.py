@@ -30,7 +30,7 @@ from moestab import rl
 from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
-from moestab.train.batch import RolloutBatch
+from moestab.train.batch import RolloutBatch, cat_batches
 from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step_metrics import step_metrics
@@ -57,6 +57,10 @@ class StepSettings:
     """Weight of the model's load-balancing loss added to the policy loss in the updates (0: none)."""
     overlong_cache: int | None = None
     """DAPO's overlong reward shaping: ``L_cache`` tokens below ``max_new_tokens`` (None: off)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts."""
+    dynamic_sampling_rounds: int = 0
+    """Budget of extra rollouts (each of as many prompts as the step) for dynamic sampling."""
 
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -92,20 +96,81 @@ class _Updates:
     loss_metrics: list[dict[str, torch.Tensor]]
 
 
-def _score(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
-    """Rewards (task reward plus any shaping), correctness, advantages ``[B]`` each, and shaping metrics."""
+def _rewards(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
+    """Per sequence ``[B]``: task reward, overlong penalty (zeros when shaping is off) and correctness."""
     per_seq = [ex for ex in examples for _ in range(s.group_size)]
     rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])  # [B]
     correct = torch.tensor([task.is_correct(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])
-    shaping: dict[str, float] = {}
+    penalty = torch.zeros_like(rewards)  # [B]
     if s.overlong_cache:
-        penalty = overlong_penalty(batch.response_mask.sum(-1), s.max_new_tokens, s.overlong_cache)  # [B]
-        shaping = {"reward/task_mean": rewards.double().mean().item(),
+        penalty = overlong_penalty(batch.response_mask.sum(-1), s.max_new_tokens, s.overlong_cache).to(rewards.dtype)
+    return rewards, penalty, correct
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    batch: RolloutBatch
+    examples: list[Example]
+    rewards: torch.Tensor  # [B] task reward + shaping: what the advantages use
+    correct: torch.Tensor  # [B]
+    metrics: dict[str, float]  # shaping and dynamic-sampling counts
+
+
+def _sample(
+    engine: HFRolloutEngine, task: Task, examples: list[Example], s: StepSettings,
+    draw_more: Callable[[int], list[Example]] | None,
+) -> _Sampled:
+    """The rollout and its rewards; with dynamic sampling (DAPO), groups whose rewards are all equal (no
+    signal: every advantage 0) are dropped and more prompts are drawn, up to ``s.dynamic_sampling_rounds``
+    extra rollouts. If the budget runs out, dropped groups fill the batch, so its size stays fixed."""
+    G, needed = s.group_size, len(examples)
+    kept: list[tuple[RolloutBatch, list[Example], torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    spare: list[tuple[RolloutBatch, list[Example], torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    drawn = dropped = rounds = 0
+    round_examples = examples
+    while True:
+        prompts = [ex.prompt for ex in round_examples for _ in range(G)]
+        batch = engine.generate(prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
+        task_rewards, penalty, correct = _rewards(task, round_examples, batch, s)
+        drawn += len(round_examples)
+        if not s.dynamic_sampling:
+            kept.append((batch, round_examples, task_rewards, penalty, correct))
+            break
+        groups = (task_rewards + penalty).view(-1, G)  # [groups, G]
+        signal = groups.max(dim=1).values != groups.min(dim=1).values  # [groups]
+        dropped += int((~signal).sum())
+        for flag, bucket in ((True, kept), (False, spare)):
+            ids = torch.nonzero(signal == flag).flatten().tolist()
+            if ids:
+                rows = torch.tensor([g * G + j for g in ids for j in range(G)])
+                bucket.append((batch.select(rows), [round_examples[g] for g in ids], task_rewards[rows],
+                               penalty[rows], correct[rows]))
+        have = sum(len(part[1]) for part in kept)
+        if have >= needed or draw_more is None or rounds >= s.dynamic_sampling_rounds:
+            break
+        rounds += 1
+        round_examples = draw_more(rounds)
+    parts = [*kept, *spare]  # groups with signal first; dropped ones only to fill the batch
+    take, out = needed, []
+    for batch, exs, task_rewards, penalty, correct in parts:
+        n = min(take, len(exs))
+        if n:
+            rows = torch.arange(n * G)
+            out.append((batch.select(rows), exs[:n], task_rewards[rows], penalty[rows], correct[rows]))
+            take -= n
+    batch = cat_batches([p[0] for p in out], engine.tokenizer.pad_token_id)
+    examples = [ex for p in out for ex in p[1]]
+    task_rewards, penalty, correct = (torch.cat([p[i] for p in out]) for i in (2, 3, 4))
+    metrics: dict[str, float] = {}
+    if s.overlong_cache:
+        metrics = {"reward/task_mean": task_rewards.mean().item(),
                    "reward/overlong_penalty_mean": penalty.mean().item(),
-                   "reward/overlong_frac": (penalty < 0).double().mean().item()}
-        rewards = rewards.double() + penalty
-    advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
-    return rewards, correct, advantages, shaping
+                   "reward/overlong_frac": (penalty < 0).float().mean().item()}
+    if s.dynamic_sampling:
+        filled = max(0, needed - sum(len(part[1]) for part in kept))
+        metrics.update({"sampling/groups_drawn": drawn, "sampling/groups_dropped": dropped,
+                        "sampling/extra_rollouts": rounds, "sampling/groups_filled": filled})
+    return _Sampled(batch, examples, task_rewards + penalty, correct, metrics)
 
 
 @torch.no_grad()
@@ -224,15 +289,19 @@ def run_step(
     examples: list[Example],
     generator: torch.Generator,
     ref_model: PreTrainedModel | None = None,
+    draw_more: Callable[[int], list[Example]] | None = None,
 ) -> tuple[dict, StepTensors]:
-    """Run one step on ``examples`` (one prompt each; ``group_size`` samples per prompt)."""
+    """Run one step on ``examples`` (one prompt each; ``group_size`` samples per prompt).
+
+    ``draw_more(round)`` supplies the prompts of dynamic sampling's extra rollouts (deterministic per round).
+    """
     s = settings
     t0 = time.perf_counter()
-    prompts = [ex.prompt for ex in examples for _ in range(s.group_size)]
-    chunks = minibatch_rows(len(prompts), s.minibatches, generator)  # checked before the rollout's cost
-    batch = engine.generate(prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
+    chunks = minibatch_rows(len(examples) * s.group_size, s.minibatches, generator)  # checked before the rollout
+    sampled = _sample(engine, task, examples, s, draw_more)
+    batch, examples, rewards, correct = sampled.batch, sampled.examples, sampled.rewards, sampled.correct
+    advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
     t_rollout = time.perf_counter() - t0
-    rewards, correct, advantages, shaping = _score(task, examples, batch, s)
     old = _old_policy(model, batch, chunks, s, ref_model)
     t1 = time.perf_counter()
     up = _updates(model, optimizer, batch, chunks, old, advantages, s)
@@ -253,7 +322,7 @@ def run_step(
         "time/update_s": t_update,
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        **shaping,
+        **sampled.metrics,
         "accuracy": correct.float().mean().item(),
         "response/length_mean": mask.sum(-1).float().mean().item(),
         "response/length_max": int(mask.sum(-1).max()),

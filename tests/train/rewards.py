@@ -8,3 +8,8 @@ def length_parity(prompt: str, completion: str, answer: str) -> float:
 def always_zero(prompt: str, completion: str, answer: str) -> float:
     """Never right: every group's rewards are equal, so every advantage is 0."""
     return 0.0
+
+
+def low_first_digit_is_free(prompt: str, completion: str, answer: str) -> float:
+    """Constant 1 for prompts starting with 0-4 (a group with no signal), completion-length parity otherwise."""
+    return 1.0 if prompt[0] in "01234" else float(len(completion) % 2)
