@@ -25,14 +25,16 @@ def state_file(run_dir: Path, step: int) -> Path:
 
 def save_checkpoint(
     run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer, loop_state: dict | None = None,
 ) -> Path:
+    """Write the step's Hugging Face folder and its training state (optimizer, and ``loop_state``: what the
+    loop carries across steps, e.g. SRPO's solved prompts), both atomically."""
     state = state_file(run_dir, step)
     tmp = state.with_name(f".{state.name}.tmp")
     # Serialised in memory and written with plain file I/O: torch.save on a full disk raises a bare
     # RuntimeError ("unexpected pos ..."), plain I/O an OSError(ENOSPC) that names the file.
     buffer = io.BytesIO()
-    torch.save({"step": step, "optimizer": optimizer.state_dict()}, buffer)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "loop": loop_state or {}}, buffer)
     try:
         with open(tmp, "wb") as f:
             f.write(buffer.getbuffer())
@@ -64,6 +66,8 @@ def complete_checkpoints(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def load_optimizer_state(run_dir: Path, step: int, optimizer: torch.optim.Optimizer) -> None:
+def load_optimizer_state(run_dir: Path, step: int, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore the optimizer of step ``step``; returns the loop state saved with it (``{}`` if none)."""
     state = torch.load(state_file(run_dir, step), map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
+    return state.get("loop", {})

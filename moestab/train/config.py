@@ -66,6 +66,9 @@ class TrainConfig:
     dynamic_sampling_rounds: int = 3
     """Budget of extra rollouts per step for dynamic sampling (each of prompts_per_step prompts); when it runs
     out, dropped groups fill the batch (counted in sampling/groups_filled)."""
+    history_resampling: bool = False
+    """SRPO's history resampling: skip prompts whose every rollout was correct the last time they were drawn
+    (arXiv 2504.14286); the solved set is saved with each checkpoint."""
     router_aux_loss_coef: float = 0.0
     """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
     0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""

@@ -23,6 +23,7 @@ from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import complete_checkpoints, load_optimizer_state, save_checkpoint
 from moestab.train.config import TrainConfig
 from moestab.train.evaluate import greedy_accuracy
+from moestab.train.history import SolvedPrompts
 from moestab.train.interrupt import GracefulInterrupt
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
@@ -150,8 +151,8 @@ def train(
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = _load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
     optimizer = build_optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    if start_step:
-        load_optimizer_state(run_dir, start_step, optimizer)
+    loop_state = load_optimizer_state(run_dir, start_step, optimizer) if start_step else {}
+    history = SolvedPrompts.from_state(loop_state) if config.history_resampling else None
     record_slots = _record_slots(model, config.record_layers)
     if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):
         raise ConfigError(f"router_aux_loss_coef: {model.config.model_type} has no load-balancing loss (it balances "
@@ -195,7 +196,7 @@ def train(
             if not config.resume:
                 start_accuracy = evaluate()
                 writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
-                save_checkpoint(run_dir, 0, model, tokenizer, optimizer)
+                save_checkpoint(run_dir, 0, model, tokenizer, optimizer, _loop_state(history))
                 log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
             engine = rollout_engine(model, tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype])
             for step in range(start_step + 1, config.steps + 1):
@@ -206,26 +207,36 @@ def train(
                     break
                 seed = step_seed(config.seed, step)
                 torch.manual_seed(seed)
+                examples = step_examples(task, config.prompts_per_step, config.seed, step)
+                skipped: dict[str, float] = {}
+                if history is not None:
+                    def redraw(r: int, seed: int = seed) -> list:
+                        return task.sample(config.prompts_per_step, random.Random(seed * 7 + r))
+
+                    examples, skipped = history.replace_solved(examples, redraw)
                 metrics, tensors = run_step(
                     model=model, optimizer=optimizer, engine=engine, task=task, settings=settings,
-                    examples=step_examples(task, config.prompts_per_step, config.seed, step),
+                    examples=examples,
                     generator=torch.Generator().manual_seed(seed), ref_model=ref_model,
                     draw_more=lambda r, seed=seed: task.sample(config.prompts_per_step, random.Random(seed * 1009 + r)),
                 )
+                metrics.update(skipped)
+                if history is not None:
+                    history.record(tensors.examples, tensors.correct, config.group_size)
                 rows = _record_rows(tensors.batch.batch_size, config.record_fraction, seed)
                 writer.write_tokens(step, token_table(step, tensors, rows=rows, layer_slots=record_slots))
                 if step % config.eval_every == 0 or step == config.steps:
                     metrics["eval/accuracy"] = evaluate()
                 writer.append_metrics({"step": step, **metrics})
                 if step % config.save_every == 0 or step == config.steps:
-                    save_checkpoint(run_dir, step, model, tokenizer, optimizer)
+                    save_checkpoint(run_dir, step, model, tokenizer, optimizer, _loop_state(history))
                 writer.update(last_step=step)
                 progress.update(metrics)
                 zero_steps = zero_steps + 1 if metrics["advantage/nonzero_frac"] == 0 else 0
                 if config.max_zero_advantage_steps and zero_steps >= config.max_zero_advantage_steps:
                     raise NothingToLearnError(_nothing_to_learn(config, step, zero_steps, start_accuracy))
                 if interrupt.requested:
-                    save_checkpoint(run_dir, step, model, tokenizer, optimizer)
+                    save_checkpoint(run_dir, step, model, tokenizer, optimizer, _loop_state(history))
                     status = schema.STATUS_INTERRUPTED
                     log(f"\ninterrupted ({interrupt.signal_name}): saved step {step}; "
                         f"continue with `moestab train --resume {run_dir}`")
@@ -302,6 +313,11 @@ def _record_stop(writer: RunWriter, run_dir: Path, exc: BaseException, step: int
     if isinstance(exc, Exception):  # the message says what happened and what to do; the cause is chained
         raise TrainingError(message) from exc
     raise exc  # a second Ctrl-C / SIGTERM, or the interpreter exiting
+
+
+def _loop_state(history: SolvedPrompts | None) -> dict:
+    """What the loop carries across steps, saved with each checkpoint for --resume."""
+    return history.state() if history is not None else {}
 
 
 def _record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:

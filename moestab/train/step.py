@@ -310,7 +310,7 @@ def run_step(
         new = chunked_policy_forward(model, batch, chunks, temperature=s.temperature)
 
     tensors = StepTensors(
-        batch=batch, examples=examples, rewards=rewards, advantages=advantages, minibatch=up.minibatch,
+        batch=batch, examples=examples, rewards=rewards, correct=correct, advantages=advantages, minibatch=up.minibatch,
         logp_old=old.logp, logp_old_free=old.free.logp, logp_update=up.logp, logp_new=new.logp,
         clipped=up.clipped, routes_old=old.routes, routes_old_free=old.free.routes, routes_update=up.routes,
         routes_new=new.routes,

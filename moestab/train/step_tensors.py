@@ -23,7 +23,8 @@ class StepTensors:
 
     batch: RolloutBatch
     examples: list[Example]
-    rewards: torch.Tensor  # [B]
+    rewards: torch.Tensor  # [B] task reward plus any shaping
+    correct: torch.Tensor  # [B] bool: the task scores the response correct
     advantages: torch.Tensor  # [B]
     minibatch: torch.Tensor  # [B] 0-based index of the minibatch that updated each sequence
     logp_old: torch.Tensor  # [B, T] pi_old as used in the ratio
