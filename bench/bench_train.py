@@ -49,7 +49,7 @@ disagree trust the CPU one (with ``--threads 1`` every op runs on the calling th
 is the work done). The p25-p75 of the per-round ratios (contender and baseline timed back to back
 in the same round) shows how much a ratio moved during the run. Rerun when in doubt.
 
-Usage: .venv/bin/python bench/bench_train.py [--threads 1] [--rounds 10] [--quick] [--profile]
+Usage: .venv/bin/python bench/bench_train.py [--threads 1] [--rounds 10] [--quick] [--profile] [--task SPEC]
 """
 
 from __future__ import annotations
@@ -479,6 +479,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds of train steps, after 1 warm-up")
     parser.add_argument("--micro-rounds", type=int, default=20, help="timed rounds of the micro-benchmarks")
     parser.add_argument("--quick", action="store_true", help="short run: 3 rounds, 5 micro rounds")
+    parser.add_argument("--task", default="arithmetic",
+                        help="task spec (default arithmetic: ~4-token responses; sort:length=32 = configs/long.yaml's "
+                             "33-token responses)")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt")
     parser.add_argument("--minibatches", type=int, default=4, help="optimizer steps per rollout batch")
@@ -505,7 +508,7 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    task = task_from_spec("arithmetic")
+    task = task_from_spec(args.task)
     with tempfile.TemporaryDirectory() as tmp:
         model, tokenizer = build_embedded_policy(EmbeddedModelSpec())
         policy_path = str(save_policy(model, tokenizer, Path(tmp) / "policy"))
@@ -522,7 +525,7 @@ def main() -> None:
     off = train.moestab["off"]
     mb_rows = setup.batch // setup.minibatches
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
-          f"{platform.machine()}, {threads_seen} torch thread(s); task arithmetic; embedded policy "
+          f"{platform.machine()}, {threads_seen} torch thread(s); task {task.spec}; embedded policy "
           f"(qwen3_moe 4L, 8E, top-2, h128); rollout {setup.prompts} prompts x {setup.group} = {setup.batch} seqs, "
           f"max {setup.max_new_tokens} new tokens, {setup.minibatches} updates per rollout; "
           f"{args.rounds} timed rounds (+1 warm-up), {args.micro_rounds} micro rounds; TRL optim {args.trl_optim}\n")

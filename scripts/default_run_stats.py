@@ -1,9 +1,11 @@
-"""Rerun README's default job (`moestab train --routing-replay off`) over several seeds and print its
-headline numbers as mean +- sd, in the Markdown table README shows.
+"""Rerun README's default job (`moestab train --routing-replay off`), or the job of a config file, over several
+seeds and print its headline numbers as mean +- sd, in the Markdown table README and docs show.
 
     .venv/bin/python scripts/default_run_stats.py [--seeds 0 1 2] [--threads 2] [--out runs/readme]
+    .venv/bin/python scripts/default_run_stats.py --config configs/long.yaml     # docs/tasks.md
 
-Every number in README's "What the default run does" comes from this script's output. The warm-started
+Every number in README's "What the default run does" and docs/tasks.md's long-response table comes from
+this script's output. The warm-started
 base does not depend on the thread count (it is built single-threaded); the RL steps do (CPU float
 reductions split by thread), so the count is an argument and is printed with the table.
 """
@@ -22,7 +24,11 @@ ROWS = (
     # (label, function of (run info, metrics frame) -> value, format)
     ("warm-start steps", lambda info, m: info.warm_start["record"]["steps"], "{:.0f}"),
     ("eval accuracy at the start", lambda info, m: 100 * info.warm_start_accuracy, "{:.1f}%"),
-    ("eval accuracy after 60 steps", lambda info, m: 100 * info.final_accuracy, "{:.1f}%"),
+    ("eval accuracy at the end", lambda info, m: 100 * info.final_accuracy, "{:.1f}%"),
+    ("mean reward, first 5 steps", lambda info, m: m["reward/mean"].iloc[:5].mean(), "{:.3f}"),
+    ("mean reward, last 5 steps", lambda info, m: m["reward/mean"].iloc[-5:].mean(), "{:.3f}"),
+    ("sampled response length, tokens (step mean)", lambda info, m: m["response/length_mean"].mean(), "{:.1f}"),
+    ("RL wall time, s (sum of step times)", lambda info, m: m["time/step_s"].sum(), "{:.0f}"),
     ("routing changed old->new (slots, step mean)", lambda info, m: 100 * m["routing/old_new/changed"].mean(),
      "{:.2f}%"),
     ("routers flipped old->new", lambda info, m: 100 * m["routing/old_new/router_flip"].mean(), "{:.2f}%"),
@@ -48,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads of the RL steps")
     parser.add_argument("--out", type=Path, default=Path("runs/readme"))
     parser.add_argument("--cache-dir", default=None, help="warm-start cache (default: moestab's)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="YAML config of the job (default: the default job, replay off); seed and out are set here")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
@@ -56,14 +64,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)  # what `moestab train --threads` does; train() leaves it to its caller
 
+    from moestab.configs import build_config, load_yaml
+
+    fields = load_yaml(args.config) if args.config else {"routing_replay": "off"}
+    name = args.config.stem if args.config else "gspo-off"
     values: dict[str, list[float]] = {label: [] for label, _, _ in ROWS}
     times = []
     for seed in args.seeds:
-        out = args.out / f"gspo-off-seed{seed}"
+        out = args.out / f"{name}-seed{seed}"
         if not (out / "run.json").is_file():
             start = time.perf_counter()
-            config = TrainConfig(routing_replay="off", seed=seed, out=str(out), threads=args.threads,
-                                 progress=False, cache_dir=args.cache_dir)
+            config = build_config(TrainConfig, fields, {"seed": seed, "out": str(out), "threads": args.threads,
+                                                        "progress": False, "cache_dir": args.cache_dir})
             train(config, log=lambda s: None)
             times.append(time.perf_counter() - start)
         info, metrics = read_run_info(out), load_metrics(out)
@@ -72,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {seed}: {out} ({info.status}, {info.environment.get('torch_threads')} threads)", flush=True)
 
     print(f"\n{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}), {args.threads} torch threads; "
-          f"wall time per run (warm start + 60 steps): "
+          f"{name}; wall time per run (warm start + RL): "
           + (", ".join(f"{t:.0f} s" for t in times) if times else "runs reused"))
     print("\n| quantity | mean +- sd |\n|---|---|")
     for label, _, fmt in ROWS:

@@ -29,11 +29,21 @@ import pandas as pd
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
+# Each grid is a list of blocks; a block is the product of its lists. The full grid spends most of its budget
+# around the learning rates where the default task starts to break (2e-4 is the default and stable), and two
+# blocks on the long-response task (33-token responses: a step costs ~10x more), limited to the comparison of
+# GSPO §5.3: GRPO without replay, GRPO + R2, GSPO without replay.
+_REPLAYS = ["off", "old", "rollout"]
+_LONG = {"lr": [5e-4], "layers": [4], "task": ["sort:length=32"], "seeds": [0, 1], "steps": 20}
 GRIDS = {
-    "small": {"lr": [1e-3], "layers": [4], "task": ["arithmetic"], "algo": ["grpo", "gspo"],
-              "replay": ["off", "old", "rollout"], "seeds": [0, 1], "steps": 20},
-    "full": {"lr": [2e-4, 1e-3], "layers": [4, 8], "task": ["arithmetic"], "algo": ["grpo", "gspo"],
-             "replay": ["off", "old", "rollout"], "seeds": [0, 1], "steps": 60},
+    "small": [{"lr": [1e-3], "layers": [4], "task": ["arithmetic"], "algo": ["grpo", "gspo"],
+               "replay": _REPLAYS, "seeds": [0, 1], "steps": 20}],
+    "full": [
+        {"lr": [5e-4, 1e-3], "layers": [4, 8], "task": ["arithmetic"], "algo": ["grpo", "gspo"],
+         "replay": _REPLAYS, "seeds": [0, 1], "steps": 40},
+        {**_LONG, "algo": ["grpo"], "replay": ["off", "old"]},
+        {**_LONG, "algo": ["gspo"], "replay": ["off"]},
+    ],
 }
 
 
@@ -55,45 +65,62 @@ def run_row(out: Path, start_accuracy: float | None) -> dict[str, float]:
     }
 
 
+def markdown_table(table: pd.DataFrame) -> str:
+    """The sweep as Markdown: setting columns as they are, each measure as ``mean +- sd``."""
+    measures = [c for c in table.columns if f"{c}_sd" in table.columns]
+    settings = [c for c in table.columns if c not in measures and not c.endswith("_sd")]
+    lines = ["| " + " | ".join(settings + measures) + " |", "|" + "---|" * (len(settings) + len(measures))]
+    for _, row in table.iterrows():
+        cells = [str(row[c]) for c in settings] + [f"{row[c]:.3g} +- {row[c + '_sd']:.2g}" for c in measures]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", choices=sorted(GRIDS), default="small")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/sweep"))
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--table-only", action="store_true", help="print the table of OUT/sweep.csv and exit")
     args = parser.parse_args(argv)
+    if args.table_only:
+        print(markdown_table(pd.read_csv(args.out / "sweep.csv")))
+        return 0
     import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
-    grid = GRIDS[args.grid]
     rows = []
-    for lr, layers, task, algo, replay in itertools.product(
-        grid["lr"], grid["layers"], grid["task"], grid["algo"], grid["replay"]
-    ):
-        per_seed = []
-        for seed in grid["seeds"]:
-            name = f"{task.split(':')[0]}-l{layers}-lr{lr:g}-{algo}-{replay}-seed{seed}"
-            out = args.out / name
-            if not (out / "run.json").is_file():
-                config = TrainConfig(algo=algo, routing_replay=replay, model=f"embedded:layers={layers}", task=task,
-                                     lr=lr, steps=grid["steps"], seed=seed, out=str(out), rollout_dtype="bfloat16",
-                                     threads=args.threads, progress=False, cache_dir=args.cache_dir,
-                                     max_zero_advantage_steps=0)
-                train(config, log=lambda s: None)
-            per_seed.append(run_row(out, read_run_info(out).warm_start_accuracy))
-            print(f"done {name}", flush=True)
-        mean = {k: statistics.mean(r[k] for r in per_seed) for k in per_seed[0]}
-        rows.append({"lr": lr, "layers": layers, "task": task, "algo": algo, "replay": replay, **mean})
+    for block in GRIDS[args.grid]:
+        for lr, layers, task, algo, replay in itertools.product(
+            block["lr"], block["layers"], block["task"], block["algo"], block["replay"]
+        ):
+            per_seed = []
+            for seed in block["seeds"]:
+                name = f"{task.split(':')[0]}-l{layers}-lr{lr:g}-{algo}-{replay}-seed{seed}"
+                out = args.out / name
+                if not (out / "run.json").is_file():
+                    config = TrainConfig(algo=algo, routing_replay=replay, model=f"embedded:layers={layers}",
+                                         task=task, lr=lr, steps=block["steps"], seed=seed, out=str(out),
+                                         rollout_dtype="bfloat16", threads=args.threads, progress=False,
+                                         cache_dir=args.cache_dir, max_zero_advantage_steps=0)
+                    train(config, log=lambda s: None)
+                per_seed.append(run_row(out, read_run_info(out).warm_start_accuracy))
+                print(f"done {name}", flush=True)
+            stats = {}
+            for key in per_seed[0]:
+                values = [r[key] for r in per_seed]
+                stats[key] = statistics.mean(values)
+                stats[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else float("nan")
+            rows.append({"lr": lr, "layers": layers, "task": task, "steps": block["steps"], "algo": algo,
+                         "replay": replay, "seeds": len(per_seed), **stats})
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "sweep.csv", index=False)
-    print(f"\n{args.grid} grid, {len(grid['seeds'])} seeds, {grid['steps']} steps, bf16 rollouts, fp32 trainer, "
-          f"{args.threads} threads; means over seeds\n")
-    print("| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns))
-    for row in table.itertuples(index=False):
-        print("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) + " |")
+    print(f"\n{args.grid} grid, bf16 rollouts, fp32 trainer, {args.threads} threads; mean +- sd over seeds\n")
+    print(markdown_table(table))
     return 0
 
 
