@@ -19,7 +19,7 @@ ui.page_header(
 pair = st.radio("Flip defined by", list(PAIRS), format_func=PAIRS.get, horizontal=True)
 if pair == "update_old":
     st.caption(
-        "Under R2 and R3 both sides of log w replay the same routes (`routes_update` = `routes_old`), so no "
+        "Under R2, R3 and TRR both sides of log w replay the same routes (`routes_update` = `routes_old`), so no "
         "token flips: the ratio noise there comes from the weights alone."
     )
 runs = ui.selected_runs()

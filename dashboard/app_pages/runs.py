@@ -84,7 +84,7 @@ st.dataframe(
         ),
         "rollout_old_k3": st.column_config.NumberColumn(
             "mismatch k3 (as used)", format="%.2e",
-            help="Rollout vs pi_old as used in the ratio (what the loss sees; R3 lowers it), nats per token",
+            help="Rollout vs pi_old as used in the ratio (what the loss sees; R3 / TRR lower it), nats per token",
         ),
         "rollout_old_free_k3": st.column_config.NumberColumn(
             "mismatch k3 (free)", format="%.2e", help="Rollout vs the trainer's free pi_old, nats per token"

@@ -13,7 +13,7 @@ CURVES = [
     ("response/length_mean", "Response length (mean)", "tokens"),
     ("loss", "Policy loss (mean over minibatches)", "loss"),
     ("loss/kl/old_new_k3", "KL(pi_old ‖ pi_new), k3 estimate", "nats per token"),
-    ("mismatch/rollout_old/k3", "Rollout vs pi_old as used in the ratio, k3 (R3 lowers it)", "nats per token"),
+    ("mismatch/rollout_old/k3", "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it)", "nats per token"),
     ("mismatch/rollout_old_free/k3", "Rollout vs the trainer's free pi_old, k3", "nats per token"),
     ("grad_norm", "Gradient norm (before clipping, mean over minibatches)", "L2 norm"),
     ("clip/token_frac_later", "Clipped tokens, minibatches 2..n (GSPO Fig. 2)", "fraction of tokens"),

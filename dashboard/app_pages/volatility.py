@@ -24,6 +24,8 @@ UPDATE_ROUTES = {  # replay mode (RunInfo.replay) -> routes of pi_old in the rat
     "off": "both route freely",
     "old": "both use pi_old's free routes (R2): update → old is 0 by construction",
     "rollout": "both use the rollout engine's routes (R3): update → old and rollout → trainer (as used) are 0",
+    "rollout-gates": "both use the rollout engine's routes and gate weights (TRR): update → old and rollout → "
+                     "trainer (as used) are 0",
 }
 
 ui.page_header(
@@ -35,9 +37,9 @@ st.info(
     "routes (its own top-k, before and after the step's updates), so **old → new is always measured with "
     "free routing**: it shows how far the router drifts even when Routing Replay hides the drift from the "
     "loss. `routes_old` and `routes_update` are the routes that produced the two sides of log w: replayed "
-    "under R2 (`--routing-replay old`) and R3 (`rollout`). Rollout → trainer is shown on both sides: against "
-    "the trainer's *free* pi_old (the gap routing creates) and against pi_old *as used* in the ratio (what "
-    "the loss sees; 0 under R3).",
+    "under R2 (`--routing-replay old`), R3 (`rollout`) and TRR (`rollout-gates`). Rollout → trainer is shown "
+    "on both sides: against the trainer's *free* pi_old (the gap routing creates) and against pi_old *as used* "
+    "in the ratio (what the loss sees; 0 under R3 and TRR).",
     icon=":material/info:",
 )
 runs = ui.selected_runs()
@@ -168,7 +170,7 @@ side_by_side(["old_new", "rollout_old_free", "rollout_old"], step_series, "step"
 st.header("Per minibatch")
 st.caption(
     "Recorded tokens by the minibatch they were updated in. Update → old grows with the minibatch index "
-    "when the policy drifts within a step (replay off); under R2 and R3 it is 0, because both sides of "
+    "when the policy drifts within a step (replay off); under R2, R3 and TRR it is 0, because both sides of "
     "log w replay the same routes."
 )
 side_by_side(

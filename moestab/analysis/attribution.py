@@ -2,7 +2,7 @@
 
 A token is *flipped* when, in at least one recorded layer, its expert set differs between two
 route sets (``update_old`` by default: ``routes_update`` vs ``routes_old``, the routes that produced
-``logp_update`` and ``logp_old``, i.e. exactly the two sides of ``log w`` — under R2 and R3 both sides
+``logp_update`` and ``logp_old``, i.e. exactly the two sides of ``log w`` — under R2, R3 and TRR both sides
 replay the same routes, so no token is flipped; or any pair of :data:`moestab.records.schema.ROUTE_PAIRS`).
 Tokens with no recorded layer are left out. Compared between flipped and unflipped tokens:
 

@@ -3,7 +3,7 @@
 Two comparisons (docs/metrics.md; pairs named as in :data:`moestab.records.schema.LOGP_PAIRS`):
 
 - ``rollout_old``: the rollout engine vs pi_old *as used in the ratio* (``logp_old``,
-  ``routes_old``) — what the loss sees; R3 shrinks it by replaying the rollout's routes.
+  ``routes_old``) — what the loss sees; R3 (and TRR) shrink it by replaying the rollout's routes.
 - ``rollout_old_free``: the rollout engine vs the trainer's *free* pi_old (``logp_old_free``,
   ``routes_old_free``) — the gap that routing creates, whatever the replay mode.
 

@@ -42,7 +42,7 @@ SUMMARY_COLUMNS = (
 )
 """Columns of :func:`summarize_runs`, in order (each documented in docs/metrics.md, "moestab analyze"):
 
-- ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3), ``model``, ``status`` from run.json (a
+- ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3 / TRR), ``model``, ``status`` from run.json (a
   ``running`` run whose writer is gone reads ``stopped``, see ``RunInfo.live_status``);
 - ``steps``: ``last_step``; ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
   ``warm_start_accuracy``;

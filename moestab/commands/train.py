@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "RL fine-tune an MoE policy (GSPO/GRPO/...) with Routing Replay off / old (R2) / rollout (R3)."
+HELP = ("RL fine-tune an MoE policy (GSPO/GRPO/...) with Routing Replay off / old (R2) / rollout (R3) / "
+        "rollout-gates (TRR).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -112,12 +112,12 @@ class RunInfo:
 
     @property
     def replay(self) -> str:
-        """Routing Replay mode as configured: ``off``, ``old`` or ``rollout``."""
+        """Routing Replay mode as configured: ``off``, ``old``, ``rollout`` or ``rollout-gates``."""
         return str(self.config["routing_replay"])
 
     @property
     def replay_label(self) -> str:
-        """The papers' name of the replay mode: ``off``, ``R2`` or ``R3``."""
+        """The papers' name of the replay mode: ``off``, ``R2``, ``R3`` or ``TRR``."""
         return schema.REPLAY_LABELS[self.replay]
 
     @property

@@ -32,10 +32,16 @@ STATUSES = (STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED, STATUS_INTERRUPTED)
 STATUS_STOPPED = "stopped"
 
 # Routing Replay modes (config ``routing_replay``) and the papers' names for them.
-REPLAY_MODES = ("off", "old", "rollout")
-REPLAY_LABELS = {"off": "off", "old": "R2", "rollout": "R3"}
+REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
+REPLAY_LABELS = {"off": "off", "old": "R2", "rollout": "R3", "rollout-gates": "TRR"}
 """off: free routing everywhere; old = R2: the updates replay pi_old's trainer routes; rollout = R3:
-pi_old and the updates replay the rollout engine's routes."""
+pi_old and the updates replay the rollout engine's routes; rollout-gates = TRR (prime-rl's "Total Router
+Recall"): as R3, with the rollout engine's gate weights as given too, the router frozen in those forwards."""
+REPLAY_ROUTES: dict[str, str | None] = {"off": None, "old": "old", "rollout": "rollout", "rollout-gates": "rollout"}
+"""Per mode, whose routes the ratio's pi_old and the updates use: the trainer's under pi_old (``old``), the rollout
+engine's (``rollout``) or none (free routing). Anything about routes treats TRR as R3."""
+GATE_REPLAY_MODES = ("rollout-gates",)
+"""Modes that replay recorded gate weights too (their rollout engine records them)."""
 
 _STEP_NAME = re.compile(r"^step_(\d{6,})$")
 _TOKENS_NAME = re.compile(r"^step_(\d{6,})\.parquet$")
@@ -83,7 +89,7 @@ COL_RESPONSE_LEN = "response_length"  # int32, number of loss tokens of the resp
 COL_REWARD = "reward"  # float32, sequence reward
 COL_ADVANTAGE = "advantage"  # float32, sequence (or token) advantage used in the loss
 COL_LOGP_ROLLOUT = "logp_rollout"  # float32, log-prob under the rollout engine (sampling distribution)
-COL_LOGP_OLD = "logp_old"  # float32, log-prob under pi_old as used in the ratio (replayed routes under R3)
+COL_LOGP_OLD = "logp_old"  # float32, log-prob under pi_old as used in the ratio (replayed routes under R3 / TRR)
 COL_LOGP_OLD_FREE = "logp_old_free"  # float32, log-prob under pi_old with the trainer's free routing
 COL_LOGP_UPDATE = "logp_update"  # float32, log-prob under the current policy at its minibatch update
 COL_LOGP_NEW = "logp_new"  # float32, log-prob after all updates of the step, free routing
@@ -92,9 +98,9 @@ COL_CLIPPED = "clipped"  # bool, the token's ratio (or its sequence ratio, for s
 
 # Route columns: FixedSizeList<int16>[layers * top_k], row-major [layer, slot], -1 where not recorded.
 COL_ROUTES_ROLLOUT = "routes_rollout"  # experts chosen by the rollout engine
-COL_ROUTES_OLD = "routes_old"  # routes that produced logp_old (= routes_rollout under R3)
+COL_ROUTES_OLD = "routes_old"  # routes that produced logp_old (= routes_rollout under R3 / TRR)
 COL_ROUTES_OLD_FREE = "routes_old_free"  # trainer's free routes under pi_old
-COL_ROUTES_UPDATE = "routes_update"  # routes that produced logp_update (replayed under R2/R3)
+COL_ROUTES_UPDATE = "routes_update"  # routes that produced logp_update (replayed under R2/R3/TRR)
 COL_ROUTES_NEW = "routes_new"  # trainer's free routes after all updates of the step
 ROUTE_COLUMNS = (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD, COL_ROUTES_OLD_FREE, COL_ROUTES_UPDATE, COL_ROUTES_NEW)
 # FixedSizeList<float32>[layers]: gap between the k-th and (k+1)-th router score under pi_old (free routing).
@@ -113,7 +119,7 @@ ROUTE_PAIRS: dict[str, tuple[str, str]] = {
 
 - ``old_new``: pi_old -> pi_new, both free: routing volatility of the step's updates (GSPO §5.3);
 - ``update_old``: the two sides of ``log w`` (routes of ``logp_update`` vs ``logp_old``);
-- ``rollout_old``: rollout engine vs pi_old *as used in the ratio* (0 under R3: what the loss sees);
+- ``rollout_old``: rollout engine vs pi_old *as used in the ratio* (0 under R3 and TRR: what the loss sees);
 - ``rollout_old_free``: rollout engine vs the trainer's *free* pi_old (the gap routing creates);
 - ``rollout_new``: rollout engine vs pi_new (free).
 """

@@ -3,8 +3,9 @@
 Public API:
 
 - ``RoutingRecorder(model, ...)``: context manager; ``.routes`` after exit.
-- ``RoutingReplay(model, routes)``: context manager forcing ``routes`` in every router.
-- ``Routes``: ``indices [batch, seq, layers, top_k]`` int16 (-1 at padding) plus optional stats.
+- ``RoutingReplay(model, routes, force_gates=False)``: context manager forcing ``routes`` in every router
+  (with ``force_gates``, their recorded gate weights too: "Total Router Recall").
+- ``Routes``: ``indices [batch, seq, layers, top_k]`` int16 (-1 at padding) plus optional stats and gates.
 - ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support.
 - Errors: ``RoutingError``, ``NotAnMoEModelError``, ``RoutesMismatchError``, ``RecordingError``.
 """

@@ -2,8 +2,9 @@
 
 In transformers v5 every supported family routes through a router module whose forward returns
 ``(router_logits [tokens, experts], gate_weights [tokens, top_k], expert_indices [tokens, top_k])``.
-Recording reads that output; replay replaces the last two with forced indices and gates recomputed
-from the *current* logits, so the router still receives gradients.
+Recording reads that output (the gate weights as given, with ``RoutingRecorder(gates=True)``); replay
+replaces the last two with forced indices and gates recomputed from the *current* logits, so the router
+still receives gradients, or, with ``force_gates``, with the recorded gates as given (router frozen).
 
 Adding a family = writing one ``RouterAdapter`` (router class path + gate function) and listing it in
 ``ADAPTERS``. The gate function must reproduce the family's own gates exactly when given the

@@ -25,6 +25,7 @@ class _Frame:
     indices: list[torch.Tensor | None]  # per layer [kept, seq, top_k]
     logits: list[torch.Tensor | None]  # per layer [kept, seq, experts], kept only when stats are asked
     slot_scores: list[torch.Tensor | None]  # per layer [kept, seq, top_k], kept only when asked
+    gates: list[torch.Tensor | None]  # per layer [kept, seq, top_k] float32, kept only when asked
 
 
 @dataclass
@@ -61,6 +62,9 @@ class RoutingRecorder:
         router_logprobs: also record log-softmax of the router logits over all experts (large).
         slot_scores: also record each chosen expert's selection score (``Routes.slot_scores``), the
             ranking its family used; ``Routes.ranked()`` then puts the top-1 in slot 0 for every family.
+        gates: also record the combine weights the router handed its chosen experts (``Routes.gates``, float32),
+            for ``RoutingReplay(force_gates=True)``. Exact (float32 holds them) unless the router computes its
+            gates in float64 (GPT-OSS in a float64 model): then rounded to float32.
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class RoutingRecorder:
         entropy: bool = True,
         router_logprobs: bool = False,
         slot_scores: bool = False,
+        gates: bool = False,
     ) -> None:
         if not 0.0 < sequence_fraction <= 1.0:
             raise ValueError(f"sequence_fraction must be in (0, 1], got {sequence_fraction}")
@@ -93,6 +98,7 @@ class RoutingRecorder:
         self.record_entropy = entropy
         self.record_logprobs = router_logprobs
         self.record_slot_scores = slot_scores
+        self.record_gates = gates
         self._handles: list[RemovableHandle] = []
         self._frame: _Frame | None = None
         self._segments: list[_Segment] = []
@@ -141,7 +147,7 @@ class RoutingRecorder:
             self._segments.append(segment)
             self._rows_seen += call.batch
         n = len(self.sites)
-        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n, [None] * n)
+        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n, [None] * n, [None] * n)
         self._routes = None
 
     def _sample_rows(self, batch: int) -> torch.Tensor | None:
@@ -158,7 +164,7 @@ class RoutingRecorder:
                 return  # router called outside a top-level forward (see class docstring)
             if frame.indices[ordinal] is not None:
                 raise RecordingError(f"router {site.name} ran twice in one forward")
-            logits, _, chosen = output[0], output[1], output[2]
+            logits, weights, chosen = output[0], output[1], output[2]  # [N, experts], [N, top_k], [N, top_k]
             batch, seq = frame.call.batch, frame.call.seq
             if chosen.shape[0] != batch * seq:
                 raise RecordingError(
@@ -171,6 +177,10 @@ class RoutingRecorder:
                 scores = site.adapter.selection_scores(module, logits.detach()).gather(-1, chosen)  # [N, top_k]
                 scores = scores.float().view(batch, seq, -1)  # [batch, seq, top_k]
                 frame.slot_scores[ordinal] = scores if rows is None else scores[rows.to(scores.device)]
+            if self.record_gates:
+                # The router's own output, what its experts are weighted by: no family's math is redone here.
+                gates = weights.detach().float().view(batch, seq, -1)  # [batch, seq, top_k]
+                frame.gates[ordinal] = gates if rows is None else gates[rows.to(gates.device)]
             if self._wants_logits:
                 # Statistics are computed once per forward over all layers in _end (fewer kernel launches).
                 logits = logits.detach().view(batch, seq, -1)  # [batch, seq, experts]
@@ -197,13 +207,17 @@ class RoutingRecorder:
                 pad = ~(mask if frame.rows is None else mask[frame.rows.to(mask.device)])  # [kept, seq]
                 pad = pad.to(indices.device)
                 indices = indices.masked_fill(pad[:, :, None, None], -1)
-            margin = entropy = confidence = logprobs = slot_scores = None
+            margin = entropy = confidence = logprobs = slot_scores = gates = None
             if self._wants_logits:
                 margin, entropy, confidence, logprobs = self._stats(frame.logits, indices, pad)
             if self.record_slot_scores:
                 slot_scores = torch.stack(frame.slot_scores, dim=2)  # [kept, seq, layers, top_k]
                 if pad is not None:
                     slot_scores = slot_scores.masked_fill(pad[:, :, None, None], float("nan"))
+            if self.record_gates:
+                gates = torch.stack(frame.gates, dim=2)  # [kept, seq, layers, top_k]
+                if pad is not None:
+                    gates = gates.masked_fill(pad[:, :, None, None], float("nan"))
         self._segments[-1].frames.append(
             Routes(
                 indices=indices,
@@ -214,6 +228,7 @@ class RoutingRecorder:
                 confidence=confidence,
                 router_logprobs=logprobs,
                 slot_scores=slot_scores,
+                gates=gates,
             )
         )
 
@@ -270,6 +285,7 @@ class RoutingRecorder:
             confidence=cat(lambda f: f.confidence),
             router_logprobs=cat(lambda f: f.router_logprobs),
             slot_scores=cat(lambda f: f.slot_scores),
+            gates=cat(lambda f: f.gates),
             rows=rows,
         )
 

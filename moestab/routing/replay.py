@@ -1,4 +1,5 @@
-"""``RoutingReplay``: force recorded experts in every router (Routing Replay, R2 / R3)."""
+"""``RoutingReplay``: force recorded experts in every router (Routing Replay, R2 / R3), optionally with their
+recorded gate weights too ("Total Router Recall")."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ class RoutingReplay:
 
     Gates come from the *current* router's scores gathered at the replayed experts, with the
     family's own normalisation (``g = mask_replayed * softmax(s)`` renormalised as the family
-    does, REFERENCES "Routing"), so gradients still reach the router. Padding positions (attention
+    does, REFERENCES "Routing"), so gradients still reach the router. With ``force_gates`` the routers
+    return ``routes.gates`` as given instead ("Total Router Recall", prime-rl): the forward is the
+    recorded one up to the experts' own numerics, and the router is frozen for it (gates and router
+    logits detached, so not even a load-balancing loss reaches it). Padding positions (attention
     mask 0) keep the router's own choice. Routes that do not fit a forward (batch, length, layers,
     experts, or a missing route at a real token) raise ``RoutesMismatchError``; there is no fallback.
 
@@ -29,7 +33,7 @@ class RoutingReplay:
     backward replays the same experts. KV-cached decoding is not supported.
     """
 
-    def __init__(self, model: nn.Module, routes: Routes) -> None:
+    def __init__(self, model: nn.Module, routes: Routes, *, force_gates: bool = False) -> None:
         self.model = model
         self.sites: list[RouterSite] = find_routers(model)
         model_layers = tuple(s.layer for s in self.sites)
@@ -53,8 +57,12 @@ class RoutingReplay:
         if bool(repeated.any()):
             b, s = (int(v) for v in repeated.nonzero()[0])
             raise RoutesMismatchError(f"a token routes twice to the same expert, first at [batch={b}, seq={s}]")
+        if force_gates:
+            _check_gates(routes)
         self.routes = routes
+        self.force_gates = force_gates
         self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
+        self._forced_gates: torch.Tensor | None = None  # [batch*seq, layers, top_k] float32, with force_gates
         self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> RoutingReplay:
@@ -63,6 +71,8 @@ class RoutingReplay:
         device = next(self.model.parameters()).device
         self._indices = self.routes.indices.to(device=device, dtype=torch.long)  # [batch, seq, layers, top_k]
         self._unrouted = (self._indices < 0).any(-1).any(-1)  # [batch, seq] positions without a route
+        if self.force_gates:
+            self._forced_gates = self.routes.gates.to(device).flatten(0, 1)  # [batch*seq, layers, top_k]
         self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
         for ordinal, site in enumerate(self.sites):
             # prepend: a RoutingRecorder active at the same time sees the replayed routes.
@@ -73,7 +83,7 @@ class RoutingReplay:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._forced = None
+        self._forced = self._forced_gates = None
 
     def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         call = read_forward_call(args, kwargs)
@@ -107,13 +117,31 @@ class RoutingReplay:
             forced = self._forced
             if forced is None:
                 raise RoutesMismatchError(f"router {site.name} ran outside a forward of the replayed model")
-            logits, own = output[0], output[2]  # [N, experts], [N, top_k]
+            logits, own_gates, own = output[0], output[1], output[2]  # [N, experts], [N, top_k], [N, top_k]
             if own.shape[0] != forced.shape[0]:
                 raise RoutesMismatchError(
                     f"router {site.name} saw {own.shape[0]} tokens, routes cover {forced.shape[0]}"
                 )
-            chosen = forced[:, ordinal]  # [N, top_k]
-            chosen = torch.where(chosen >= 0, chosen, own)
-            return logits, gates(module, logits, chosen), chosen
+            keep_own = forced[:, ordinal] < 0  # [N, top_k] padding: the router's own choice
+            chosen = torch.where(keep_own, own, forced[:, ordinal])  # [N, top_k]
+            if self._forced_gates is None:
+                return logits, gates(module, logits, chosen), chosen
+            # Cast to the dtype the family hands its experts (float32 for Mixtral / DeepSeek-V3).
+            recorded = self._forced_gates[:, ordinal].to(own_gates.dtype)  # [N, top_k]
+            frozen = torch.where(keep_own, own_gates.detach(), recorded)  # [N, top_k]
+            return logits.detach(), frozen, chosen
 
         return hook
+
+
+def _check_gates(routes: Routes) -> None:
+    """Routes replayed with ``force_gates`` carry a finite gate for every routed slot."""
+    if routes.gates is None:
+        raise RoutesMismatchError(
+            "force_gates replays recorded gate weights, but these routes have none; record them with "
+            "RoutingRecorder(..., gates=True) (the rollout engine does under --routing-replay rollout-gates)"
+        )
+    missing = ((routes.indices >= 0) & ~routes.gates.isfinite()).any(-1).any(-1)  # [batch, seq]
+    if bool(missing.any()):
+        b, s = (int(v) for v in missing.nonzero()[0])
+        raise RoutesMismatchError(f"routes have experts but no finite gate weight, first at [batch={b}, seq={s}]")

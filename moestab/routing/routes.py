@@ -38,6 +38,10 @@ class Routes:
     """``[batch, seq, layers, top_k]`` float32 selection score of each chosen expert: what the family ranked to
     pick it (``RouterAdapter.selection_scores``: the router logit for softmax families, the bias-corrected
     sigmoid for DeepSeek-V3); NaN at padding (opt-in)."""
+    gates: torch.Tensor | None = None
+    """``[batch, seq, layers, top_k]`` float32 combine weight of each chosen expert, slot for slot with ``indices``:
+    the weights the router handed its experts, after the family's normalisation (and DeepSeek-V3's scaling); NaN
+    at padding (opt-in). ``RoutingReplay(force_gates=True)`` replays them as given ("Total Router Recall")."""
     rows: torch.Tensor | None = None
     """``[batch]`` int64 row of each sequence among all inputs recorded (set when sampling sequences)."""
 
@@ -46,6 +50,8 @@ class Routes:
             raise ValueError(f"indices must be [batch, seq, layers, top_k], got shape {tuple(self.indices.shape)}")
         if self.indices.shape[2] != len(self.layers):
             raise ValueError(f"indices has {self.indices.shape[2]} layers but layers lists {len(self.layers)}")
+        if self.gates is not None and self.gates.shape != self.indices.shape:
+            raise ValueError(f"gates must match indices {tuple(self.indices.shape)}, got {tuple(self.gates.shape)}")
 
     @property
     def batch_size(self) -> int:
@@ -80,6 +86,7 @@ class Routes:
             confidence=pick(self.confidence),
             router_logprobs=pick(self.router_logprobs),
             slot_scores=pick(self.slot_scores),
+            gates=pick(self.gates),
             rows=pick(self.rows),
         )
 
@@ -90,7 +97,9 @@ class Routes:
         if self.slot_scores is None:
             raise ValueError("ranking slots needs slot_scores: record with RoutingRecorder(..., slot_scores=True)")
         order = self.slot_scores.nan_to_num(float("-inf")).argsort(dim=-1, descending=True, stable=True)
-        return replace(self, indices=self.indices.gather(-1, order), slot_scores=self.slot_scores.gather(-1, order))
+        gates = None if self.gates is None else self.gates.gather(-1, order)  # gates stay with their experts
+        return replace(self, indices=self.indices.gather(-1, order), slot_scores=self.slot_scores.gather(-1, order),
+                       gates=gates)
 
     def to(self, device: torch.device | str) -> Routes:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -104,6 +113,7 @@ class Routes:
             confidence=move(self.confidence),
             router_logprobs=move(self.router_logprobs),
             slot_scores=move(self.slot_scores),
+            gates=move(self.gates),
             rows=move(self.rows),
         )
 
@@ -138,6 +148,7 @@ class Routes:
             confidence=padded(lambda p: p.confidence, float("nan")),
             router_logprobs=padded(lambda p: p.router_logprobs, float("nan")),
             slot_scores=padded(lambda p: p.slot_scores, float("nan")),
+            gates=padded(lambda p: p.gates, float("nan")),
             rows=None if any(r is None for r in rows) else torch.cat(rows),
         )
 

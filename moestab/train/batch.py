@@ -29,7 +29,8 @@ class RolloutBatch:
     logp_rollout: torch.Tensor
     """``[B, T]`` float32 log-prob of each response token under the rollout engine's sampling distribution."""
     routes: Routes
-    """Experts the rollout engine chose at each input position ``[B, L, layers, top_k]``."""
+    """Experts the rollout engine chose at each input position ``[B, L, layers, top_k]`` (and their gate weights,
+    when the engine records them)."""
     prompt_len: int
     """``P``: columns of (left-padded) prompt."""
     completions: list[str]
@@ -77,10 +78,14 @@ def cat_batches(parts: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
         return torch.cat([x, x.new_full((x.shape[0], T - x.shape[1]), fill)], dim=1)
 
     first = parts[0].routes
+    gates = None
+    if all(b.routes.gates is not None for b in parts):
+        gates = torch.cat([relay(b, b.routes.gates, float("nan")) for b in parts])  # [sum B, P + T - 1, layers, k]
     routes = Routes(
         indices=torch.cat([relay(b, b.routes.indices, -1) for b in parts]),  # [sum B, P + T - 1, layers, k]
         layers=first.layers,
         num_experts=first.num_experts,
+        gates=gates,
     )
     return RolloutBatch(
         input_ids=torch.cat([relay(b, b.input_ids, pad_token_id) for b in parts]),

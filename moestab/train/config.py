@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from moestab.configs import ConfigError
 from moestab.models.spec import is_embedded, parse_model_spec
-from moestab.records.schema import REPLAY_MODES
+from moestab.records.schema import GATE_REPLAY_MODES, REPLAY_MODES
 
 if TYPE_CHECKING:
     from moestab.rl import AlgorithmPreset
@@ -23,9 +23,11 @@ class TrainConfig:
 
     algo: str = "gspo"
     """Objective preset: grpo | gspo | gspo-token | dapo | dr-grpo | cispo | gmpo | rspo (moestab.rl.PRESETS)."""
-    routing_replay: Literal["off", "old", "rollout"] = "off"
+    routing_replay: Literal["off", "old", "rollout", "rollout-gates"] = "off"
     """Routing Replay: off; old (R2: replay pi_old's trainer routes in the updates); rollout (R3: replay
-    the rollout engine's routes for the pi_old log-probs and the updates)."""
+    the rollout engine's routes for the pi_old log-probs and the updates); rollout-gates (TRR, prime-rl's "Total
+    Router Recall": as R3, with the rollout engine's gate weights as given too, so the router is frozen in the
+    updates and learns nothing)."""
     model: str = "embedded"
     """'embedded' (the built-in tiny Qwen3-MoE: 4 layers, 8 experts, top-2, hidden 128, warm-started by a short
     supervised phase), a variant such as 'embedded:layers=8,experts=32,top_k=4,hidden=256' (keys layers, experts,
@@ -156,6 +158,9 @@ class TrainConfig:
             _finite(name, getattr(self, name), "> 0", lambda v: v > 0)
         for name in ("weight_decay", "kl_coef", "router_aux_loss_coef"):
             _finite(name, getattr(self, name), ">= 0", lambda v: v >= 0)
+        if self.routing_replay in GATE_REPLAY_MODES and self.router_aux_loss_coef > 0:
+            raise ConfigError(f"router_aux_loss_coef: routing_replay {self.routing_replay} freezes the router in the "
+                              "updates, so a load-balancing loss would have no gradient; leave it at 0")
         log_space = PRESETS[self.algo].loss == "gmpo"  # GMPO clips log w: its bounds may exceed 1
         if self.clip_low is not None:
             rule = "> 0" if log_space else "in (0, 1] (the ratio's lower bound 1 - clip_low must be >= 0)"

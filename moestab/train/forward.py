@@ -31,13 +31,15 @@ def policy_forward(
     *,
     temperature: float,
     replay: Routes | None = None,
+    force_gates: bool = False,
     record: bool = True,
     router_logprobs: bool = False,
     entropy: bool = False,
     router_stats: bool = False,
     aux_loss: bool = False,
 ) -> PolicyForward:
-    """Log-probs of ``batch``'s responses under ``model``; routes forced to ``replay`` when given.
+    """Log-probs of ``batch``'s responses under ``model``; routes forced to ``replay`` when given, and with
+    ``force_gates`` their recorded gate weights too (``RoutingReplay(force_gates=True)``: router frozen).
 
     ``aux_loss`` also returns the model's own load-balancing loss (transformers' ``output_router_logits``);
     a family without one (DeepSeek-V3 balances with a bias instead) raises ``ValueError``.
@@ -49,7 +51,7 @@ def policy_forward(
     """
     with ExitStack() as stack:
         if replay is not None:
-            stack.enter_context(RoutingReplay(model, replay))
+            stack.enter_context(RoutingReplay(model, replay, force_gates=force_gates))
         recorder = (
             stack.enter_context(
                 RoutingRecorder(model, margin=router_stats, entropy=router_stats, router_logprobs=router_logprobs)
@@ -89,6 +91,7 @@ def chunked_policy_forward(
     *,
     temperature: float,
     replay: Routes | None = None,
+    force_gates: bool = False,
     record: bool = True,
     router_logprobs: bool = False,
     entropy: bool = False,
@@ -101,8 +104,9 @@ def chunked_policy_forward(
     """
     parts = [
         (rows, policy_forward(model, batch.select(rows), temperature=temperature,
-                              replay=None if replay is None else replay.select(rows), record=record,
-                              router_logprobs=router_logprobs, entropy=entropy, router_stats=router_stats))
+                              replay=None if replay is None else replay.select(rows), force_gates=force_gates,
+                              record=record, router_logprobs=router_logprobs, entropy=entropy,
+                              router_stats=router_stats))
         for rows in chunks
     ]
     order = torch.cat([rows for rows, _ in parts])

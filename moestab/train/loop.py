@@ -123,9 +123,9 @@ def train(
 
     Everything that can be checked is checked before anything is written; once run.json exists, any
     stop (an exception, Ctrl-C, SIGTERM, a full disk) leaves it ``failed`` or ``interrupted`` with a
-    message, never ``running``. ``rollout_engine(model, tokenizer, dtype=...)`` builds the engine that
-    samples the rollouts (default: Hugging Face ``generate``, in ``config.rollout_dtype``); it must
-    return a ``RolloutBatch`` with the routes it used.
+    message, never ``running``. ``rollout_engine(model, tokenizer, dtype=..., gates=...)`` builds the
+    engine that samples the rollouts (default: Hugging Face ``generate``, in ``config.rollout_dtype``); it must
+    return a ``RolloutBatch`` with the routes it used (and their gate weights when ``gates``, for TRR).
     """
     device = _device(config.device)
     dtype = DTYPES[config.dtype]
@@ -198,7 +198,8 @@ def train(
                 writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
                 save_checkpoint(run_dir, 0, model, tokenizer, optimizer, _loop_state(history))
                 log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
-            engine = rollout_engine(model, tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype])
+            engine = rollout_engine(model, tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype],
+                                    gates=config.routing_replay in schema.GATE_REPLAY_MODES)
             for step in range(start_step + 1, config.steps + 1):
                 if interrupt.requested:  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
                     step, status = step - 1, schema.STATUS_INTERRUPTED

@@ -1,4 +1,5 @@
-"""The rollout engine: Hugging Face ``generate()`` under a ``RoutingRecorder`` (routes kept for R3).
+"""The rollout engine: Hugging Face ``generate()`` under a ``RoutingRecorder`` (routes kept for R3, gate
+weights too for TRR).
 
 Production RL samples in an inference engine at lower precision (bf16) and trains in fp32 or bf16:
 the two route some tokens differently, which is the gap R3 removes. ``dtype`` reproduces that on any
@@ -21,14 +22,17 @@ class HFRolloutEngine:
     """Samples completions with ``model.generate`` and records the experts every token used."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: torch.dtype | None = None
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: torch.dtype | None = None,
+        gates: bool = False,
     ) -> None:
-        """``model`` is the trainer's policy; ``dtype`` (default: the policy's) the precision the engine samples in."""
+        """``model`` is the trainer's policy; ``dtype`` (default: the policy's) the precision the engine samples in;
+        ``gates`` also records the gate weights its routers used (``Routes.gates``, for replay with force_gates)."""
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs eos and pad tokens for batched generation")
         self.policy = model
         self.model = model if dtype in (None, model.dtype) else copy.deepcopy(model).to(dtype).eval()
         self.tokenizer = tokenizer
+        self.record_gates = gates
 
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into the engine's copy (cast to its dtype); no-op without one."""
@@ -46,7 +50,7 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with RoutingRecorder(self.model, margin=False, entropy=False) as recorder:
+            with RoutingRecorder(self.model, margin=False, entropy=False, gates=self.record_gates) as recorder:
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=prompt_mask,

@@ -5,6 +5,8 @@ Routing Replay modes (the ``replay`` setting):
 - ``off``: every forward routes freely.
 - ``old`` (R2): the updates replay the routes the trainer chose under pi_old.
 - ``rollout`` (R3): the pi_old log-probs and the updates replay the rollout engine's routes.
+- ``rollout-gates`` (TRR, "Total Router Recall"): as R3, with the rollout engine's gate weights as given too
+  (``RoutingReplay(force_gates=True)``): the router is frozen in those forwards.
 
 Whatever the mode, the trainer's *free* routes under pi_old and, after the updates, under the new
 policy are recorded, so routing volatility is measured even when replay hides it from the loss.
@@ -27,6 +29,7 @@ import torch
 from transformers import PreTrainedModel
 
 from moestab import rl
+from moestab.records import schema
 from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
@@ -178,14 +181,14 @@ def _old_policy(
     model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], s: StepSettings,
     ref_model: PreTrainedModel | None,
 ) -> _OldPolicy:
-    # The free forward records the trainer's own routes (and margins for the records). Under R3 the
-    # ratio uses a second forward that replays the rollout engine's routes.
+    # The free forward records the trainer's own routes (and margins for the records). Under R3 / TRR the
+    # ratio uses a second forward that replays the rollout engine's routes (TRR: and its gates).
     free = chunked_policy_forward(model, batch, chunks, temperature=s.temperature,
                                   router_logprobs=_needs_router_logprobs(s.preset), entropy=True, router_stats=True)
     logp, routes = free.logp, free.routes.indices
-    if s.replay == "rollout":
+    if schema.REPLAY_ROUTES[s.replay] == "rollout":
         logp = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, replay=batch.routes,
-                                      record=False).logp
+                                      force_gates=s.replay in schema.GATE_REPLAY_MODES, record=False).logp
         routes = batch.routes.indices
     ref_logp = None
     if "ref_logp" in s.preset.runtime_inputs:
@@ -243,7 +246,8 @@ def _updates(
     model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
     old: _OldPolicy, advantages: torch.Tensor, s: StepSettings,
 ) -> _Updates:
-    replay_source = {"off": None, "old": old.free.routes, "rollout": batch.routes}[s.replay]
+    replay_source = {None: None, "old": old.free.routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
+    force_gates = s.replay in schema.GATE_REPLAY_MODES
     minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]
@@ -254,7 +258,7 @@ def _updates(
         minibatch[rows] = m
         fwd = policy_forward(
             model, batch.select(rows), temperature=s.temperature,
-            replay=None if replay_source is None else replay_source.select(rows),
+            replay=None if replay_source is None else replay_source.select(rows), force_gates=force_gates,
             router_logprobs=_needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
         )
         parts = rl.compute_loss_parts(s.preset.loss, **_loss_inputs(s, batch, rows, fwd, old, advantages))

@@ -6,13 +6,14 @@ from transformers import AutoModelForCausalLM
 from moestab.models.families import tiny_config
 
 
-def make_model(family: str, seed: int = 0) -> torch.nn.Module:
+def make_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     torch.manual_seed(seed)
     # float64 needs the eager experts loop (grouped_mm kernels take float32 / bf16 only).
     config = tiny_config(family, num_moe_layers=2, num_experts=8, top_k=2)
-    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
+    eager = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    model = AutoModelForCausalLM.from_config(config, **eager)
     model.config.use_cache = False
-    return model.eval().double()  # float64: replay-vs-free comparisons are exact to ~1e-12
+    return model.eval().to(dtype)  # float64: replay-vs-free comparisons are exact to ~1e-12
 
 
 

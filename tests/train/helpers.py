@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import random
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from moestab import rl
 from moestab.configs import build_config
+from moestab.models import build_embedded_policy
+from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig
+from moestab.train.step import StepSettings, run_step
 
 REWARD = Path(__file__).with_name("rewards.py")
 TASK = f"arithmetic:reward={REWARD}:length_parity"
@@ -29,3 +38,22 @@ def tiny_config(out: Path, cache: Path, **overrides) -> TrainConfig:
         **overrides,
     }
     return build_config(TrainConfig, values)
+
+
+def one_grpo_step(replay: str, engine: Callable):
+    """One grpo ``run_step`` of a fresh embedded policy on 4 prompts x 4 samples with ``engine(model, tokenizer)``
+    as the rollout engine: ``(model before the step, model after, metrics, step tensors)``."""
+    torch.manual_seed(0)
+    model, tokenizer = build_embedded_policy()
+    before = copy.deepcopy(model)
+    task = task_from_spec(TASK)
+    settings = StepSettings(
+        preset=rl.get_preset("grpo"), replay=replay,
+        minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
+    )
+    metrics, tensors = run_step(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), engine=engine(model, tokenizer),
+        task=task, settings=settings, examples=task.sample(4, random.Random(0)),
+        generator=torch.Generator().manual_seed(0),
+    )
+    return before, model, metrics, tensors

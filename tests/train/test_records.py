@@ -59,7 +59,7 @@ def check_run(run_dir, steps: int, algo: str, replay: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replay", ["off", "old", "rollout"])
+@pytest.mark.parametrize("replay", schema.REPLAY_MODES)
 @pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_every_algo_and_replay_mode_writes_valid_records(tmp_path, cache_dir, algo, replay):
     config = tiny_config(tmp_path / "run", cache_dir, algo=algo, routing_replay=replay)
@@ -87,7 +87,7 @@ def test_checkpoint_loads_with_transformers_alone(tmp_path, cache_dir):
     assert out.stdout.split()[-2:] == ["True", "False"]
 
 
-@pytest.mark.parametrize("replay", ["off", "old", "rollout"])
+@pytest.mark.parametrize("replay", ["off", "old", "rollout", "rollout-gates"])
 def test_first_minibatch_ratios_are_exactly_one(tmp_path, cache_dir, replay):
     train(tiny_config(tmp_path / "run", cache_dir, steps=1, routing_replay=replay), log=lambda s: None)
     table = pq.read_table(tmp_path / "run" / schema.tokens_file(1)).to_pandas()
@@ -96,6 +96,9 @@ def test_first_minibatch_ratios_are_exactly_one(tmp_path, cache_dir, replay):
     assert (table[table.minibatch == 1].log_w != 0.0).any()  # ... and not after it
     if replay == "old":  # R2: the first update replays exactly the old routes
         assert np.array_equal(np.stack(first.routes_update), np.stack(first.routes_old))
+    if replay == "rollout-gates":  # TRR: pi_old and the updates replay the rollout's routes (and gates)
+        assert np.array_equal(np.stack(table.routes_update), np.stack(table.routes_rollout))
+        assert np.array_equal(np.stack(table.routes_old), np.stack(table.routes_rollout))
 
 
 def test_volume_controls_thin_the_tables_but_not_the_step_aggregates(tmp_path, cache_dir):

@@ -1,7 +1,6 @@
 """R3 uses the rollout engine's routes for pi_old; R2 the trainer's. Checked with a rollout engine
 whose routes deliberately differ from the trainer's (as a real inference engine's can)."""
 
-import copy
 import random
 from dataclasses import replace
 
@@ -10,12 +9,13 @@ import torch
 
 from moestab import rl
 from moestab.models import build_embedded_policy
+from moestab.records.schema import GATE_REPLAY_MODES
 from moestab.tasks import task_from_spec
 from moestab.train.forward import policy_forward
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, run_step
 
-from .helpers import TASK
+from .helpers import TASK, one_grpo_step
 
 
 class ShiftedRoutesEngine(HFRolloutEngine):
@@ -29,20 +29,7 @@ class ShiftedRoutesEngine(HFRolloutEngine):
 
 
 def one_step(replay: str):
-    torch.manual_seed(0)
-    model, tokenizer = build_embedded_policy()
-    before = copy.deepcopy(model)
-    task = task_from_spec(TASK)
-    settings = StepSettings(
-        preset=rl.get_preset("grpo"), replay=replay,
-        minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
-    )
-    metrics, t = run_step(
-        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
-        engine=ShiftedRoutesEngine(model, tokenizer),
-        task=task, settings=settings, examples=task.sample(4, random.Random(0)),
-        generator=torch.Generator().manual_seed(0),
-    )
+    before, _, metrics, t = one_grpo_step(replay, ShiftedRoutesEngine)
     return before, metrics, t
 
 
@@ -107,7 +94,7 @@ class BatchShapeNoise:
         return output
 
 
-@pytest.mark.parametrize("replay", ["off", "old", "rollout"])
+@pytest.mark.parametrize("replay", ["off", "old", "rollout", "rollout-gates"])
 def test_without_an_update_pi_new_equals_pi_old_exactly_whatever_the_batch_shape(replay):
     # lr = 0: the updates change nothing, so old -> new must be exactly 0, even when the model's numerics
     # depend on the batch shape (pi_new used to run in one piece while pi_old ran in the minibatch chunks).
@@ -122,7 +109,7 @@ def test_without_an_update_pi_new_equals_pi_old_exactly_whatever_the_batch_shape
     try:
         metrics, t = run_step(
             model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.0),
-            engine=HFRolloutEngine(model, tokenizer),
+            engine=HFRolloutEngine(model, tokenizer, gates=replay in GATE_REPLAY_MODES),
             task=task, settings=settings, examples=task.sample(4, random.Random(0)),
             generator=torch.Generator().manual_seed(0),
         )
