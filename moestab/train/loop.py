@@ -63,7 +63,9 @@ def _cache_dir(config: TrainConfig) -> Path:
     return Path(config.cache_dir or os.environ.get("MOESTAB_CACHE") or Path.home() / ".cache" / "moestab")
 
 
-def _base_model_path(config: TrainConfig, task: Task, log: Callable[[str], None]) -> tuple[str, dict | None]:
+def base_policy_path(config: TrainConfig, task: Task, log: Callable[[str], None]) -> tuple[str, dict | None]:
+    """The policy RL starts from: ``config.model`` as given, or the embedded policy warm-started on ``task`` (built
+    now or found in the cache), with the warm start's record (``None`` for a given model)."""
     if not is_embedded(config.model):
         return config.model, None
     spec = WarmStartSpec(
@@ -144,7 +146,7 @@ def train(
         delete_first = prepare_new(run_dir, overwrite=config.overwrite)
         start_step = 0
 
-    base_path, warm = _base_model_path(config, task, log)
+    base_path, warm = base_policy_path(config, task, log)
     model = _load_policy(str(run_dir / schema.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     if tokenizer.pad_token_id is None:
