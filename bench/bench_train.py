@@ -23,7 +23,7 @@ Measured, all on CPU float32 with the same saved weights (the embedded tiny Qwen
    and ``time.process_time()``) at ``on_train_begin`` and at every ``on_step_end``. A TRL cycle
    ends at each global step that is a multiple of ``minibatches`` (generation happens at the first
    step of the next cycle, inside ``_prepare_inputs``). At that point the callback runs the moestab
-   contenders (replay off, old, rollout; their order rotated each round) on the *same prompts* TRL
+   contenders (replay off, old, rollout, rollout-gates; their order rotated each round) on the *same prompts* TRL
    just used (TRL's dataset is ``step_examples`` of steps 1..rounds+1, in order, unshuffled), timing
    each ``run_step`` call, and only then restarts TRL's clock. So every round times one TRL cycle
    and one step of each moestab mode, back to back, and moestab's time never counts toward TRL's.
@@ -74,6 +74,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from moestab import rl
 from moestab.metrics.routes import intersection_sizes
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
+from moestab.records.schema import GATE_REPLAY_MODES
 from moestab.routing import RoutingRecorder, find_routers
 from moestab.tasks import Example, Task, task_from_spec
 from moestab.train.batch import RolloutBatch
@@ -84,7 +85,7 @@ from moestab.train.step import StepSettings, run_step, step_examples, step_seed
 from moestab.train.step_metrics import step_metrics
 from moestab.train.step_tensors import StepTensors
 
-REPLAY_MODES = ("off", "old", "rollout")
+REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class MoestabRunner:
         # As moestab.train.loop.train builds it.
         self.optimizer = build_optimizer(self.model.parameters(), lr=s.lr, weight_decay=0.0)
         self.optimizer.register_step_post_hook(self._count_optimizer_step)
-        self.engine = HFRolloutEngine(self.model, tokenizer)
+        self.engine = HFRolloutEngine(self.model, tokenizer, gates=self.replay in GATE_REPLAY_MODES)
         preset = rl.get_preset(s.algo)
         self.settings = StepSettings(
             preset=preset, replay=self.replay, minibatches=s.minibatches, group_size=s.group, temperature=s.temperature,
@@ -282,7 +283,8 @@ def run_train_rounds(setup: Setup, rounds: int, trl_optim: str, work_dir: str) -
     runners = {mode: MoestabRunner(setup, mode) for mode in REPLAY_MODES}
 
     def moestab_round(cycle: int) -> None:
-        order = REPLAY_MODES[cycle % 3 :] + REPLAY_MODES[: cycle % 3]
+        turn = cycle % len(REPLAY_MODES)
+        order = REPLAY_MODES[turn:] + REPLAY_MODES[:turn]
         for mode in order:
             runners[mode].step(cycle + 1, timed=cycle > 0)
 
@@ -547,6 +549,7 @@ def main() -> None:
          f"({setup.batch} seqs + {setup.minibatches} updates)", off.samples, train.trl_cycles),
         ("`run_step` replay `old` (R2) vs `off`", train.moestab["old"].samples, off.samples),
         ("`run_step` replay `rollout` (R3) vs `off`", train.moestab["rollout"].samples, off.samples),
+        ("`run_step` replay `rollout-gates` (TRR) vs `off`", train.moestab["rollout-gates"].samples, off.samples),
         (f"`policy_forward` no grad, `record=True` vs `False` ({mb_rows} seqs)", micro["fwd_rec"], micro["fwd_plain"]),
         (f"`policy_forward` + backward, `record=True` vs `False` ({mb_rows} seqs)",
          micro["fwdbwd_rec"], micro["fwdbwd_plain"]),
