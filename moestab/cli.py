@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "train": "train",
     "analyze": "analyze",
     "dashboard": "dashboard",
+    "probe": "probe",
 }
 
 

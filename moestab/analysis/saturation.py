@@ -25,8 +25,6 @@ import numpy as np
 import pandas as pd
 
 from moestab.metrics.routes import INVALID, check_routes, intersection_sizes
-from moestab.records import schema
-from moestab.records.reader import list_checkpoints
 
 
 def router_saturation(routes: np.ndarray, reference: np.ndarray, layers: Sequence[int] | None = None) -> pd.DataFrame:
@@ -145,39 +143,3 @@ def checkpoint_saturation(
         frames.append(frame)
     columns = ["checkpoint", "layer", "tokens", "saturation", "saturation_top1"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-
-
-def run_saturation(
-    run: str | Path,
-    probe_texts: Sequence[str],
-    *,
-    reference_step: int | None = None,
-    batch_size: int = 32,
-    device: str = "cpu",
-) -> pd.DataFrame:
-    """Router saturation of every checkpoint of a run against one of them (default: the last).
-
-    The probe texts are tokenized with the reference checkpoint's tokenizer (right-padded); only real
-    tokens count. Returns the rows of :func:`checkpoint_saturation` with a leading ``step`` column.
-    OLMoE (arXiv 2409.02060) reads this as "how early does routing settle into its final choices".
-    """
-    from transformers import AutoTokenizer
-
-    checkpoints = list_checkpoints(run)
-    if checkpoints.empty:
-        raise ValueError(f"{run}: no checkpoints under {schema.CHECKPOINTS_DIR}/")
-    steps = checkpoints["step"].tolist()
-    reference_step = steps[-1] if reference_step is None else reference_step
-    if reference_step not in steps:
-        raise ValueError(f"reference step {reference_step} has no checkpoint; checkpoints: {steps}")
-    if not probe_texts:
-        raise ValueError("probe_texts is empty")
-    paths = [str(p) for p in checkpoints["path"]]
-    reference = paths[steps.index(reference_step)]
-    tokenizer = AutoTokenizer.from_pretrained(reference)
-    enc = tokenizer(list(probe_texts), return_tensors="pt", padding=True, padding_side="right",
-                    add_special_tokens=False)
-    table = checkpoint_saturation(paths, reference, enc.input_ids, enc.attention_mask,
-                                  batch_size=batch_size, device=device)
-    table.insert(0, "step", table["checkpoint"].map(dict(zip(paths, steps, strict=True))))
-    return table

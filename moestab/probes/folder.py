@@ -1,0 +1,69 @@
+"""The probe folder: what a probe computed, on what, with which settings (``probe.json``) and its tables (CSV).
+
+The one reader and writer of the format; the CLI and the dashboard's Probes page go through it.
+
+    PROBE_DIR/probe.json      {"probe", "checkpoints", "suite" (manifest), "settings", "tables": [names]}
+    PROBE_DIR/<table>.csv     one file per table
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from moestab.probes.errors import ProbeError
+
+PROBE_JSON = "probe.json"
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's output."""
+
+    probe: str
+    checkpoints: list[str]
+    suite: dict[str, object]
+    settings: dict[str, object]
+    tables: dict[str, pd.DataFrame]
+
+    def to_json(self) -> dict[str, object]:
+        return {"probe": self.probe, "checkpoints": self.checkpoints, "suite": self.suite, "settings": self.settings,
+                "tables": {name: json.loads(t.to_json(orient="records")) for name, t in self.tables.items()}}
+
+
+def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
+    """Write ``result`` to ``out`` (created; an existing probe folder there is replaced file by file)."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / PROBE_JSON).is_file():
+        raise ProbeError(f"{out} exists and is not a probe folder; choose an empty or new folder")
+    for name in result.tables:
+        if not _TABLE_NAME.match(name):
+            raise ProbeError(f"table name {name!r} is not a valid file name")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in result.tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    meta = {"probe": result.probe, "checkpoints": result.checkpoints, "suite": result.suite,
+            "settings": result.settings, "tables": list(result.tables)}
+    (out / PROBE_JSON).write_text(json.dumps(meta, indent=2))  # last: marks a complete folder
+    return out
+
+
+def read_probe_folder(path: str | Path) -> ProbeResult:
+    path = Path(path)
+    meta_file = path / PROBE_JSON
+    if not meta_file.is_file():
+        raise ProbeError(f"{path} is not a probe folder: it has no {PROBE_JSON}")
+    meta = json.loads(meta_file.read_text())
+    tables = {name: pd.read_csv(path / f"{name}.csv") for name in meta["tables"]}
+    return ProbeResult(meta["probe"], meta["checkpoints"], meta["suite"], meta["settings"], tables)
+
+
+def find_probe_folders(root: str | Path) -> list[Path]:
+    """Probe folders at or below ``root`` (sorted)."""
+    root = Path(root)
+    return sorted(p.parent for p in root.rglob(PROBE_JSON))

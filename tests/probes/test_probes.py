@@ -1,0 +1,170 @@
+"""moestab probe on plain Hugging Face folders of several families: invariants, the bf16 gap, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from moestab.cli import main
+from moestab.models.families import tiny_config
+from moestab.models.tokenizer import build_char_tokenizer
+from moestab.probes import ProbeSettings, load_suite, read_probe_folder, run_probe
+from moestab.probes.checkpoints import resolve_checkpoints
+from moestab.probes.collect import collect
+from moestab.probes.compare import compare_records
+
+FAMILIES = ["qwen3_moe", "mixtral", "olmoe"]
+
+
+def save_family(path, family: str, seed: int = 0, **config) -> str:
+    """A plain ``save_pretrained`` folder (no moestab run) of a tiny model of ``family``."""
+    torch.manual_seed(seed)
+    tokenizer = build_char_tokenizer()
+    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size=len(tokenizer), **config))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def probe(name: str, paths: list[str], suite: str = "general", count: int = 12, **settings):
+    checkpoints = [c for p in paths for c in resolve_checkpoints([p])]
+    return run_probe(name, checkpoints, load_suite(suite, count), ProbeSettings(**settings))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_checkpoint_against_itself_changes_nothing(tmp_path, family):
+    a = save_family(tmp_path / "a", family)
+    summary = probe("compare", [a, a]).tables["summary"].iloc[0]
+    assert summary.tokens > 500
+    assert summary.changed == 0 and summary.router_flip == 0 and summary.token_flip == 0
+    assert summary.k1 == 0 and summary.k3 == 0  # the same forward twice is bit-identical on CPU
+    sat = probe("saturation", [a, a]).tables["saturation"]
+    assert (sat.saturation == 1).all() and (sat.saturation_top1 == 1).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_against_fp32_numerics_has_no_flips(tmp_path, family):
+    a = save_family(tmp_path / "a", family)
+    summary = probe("numerics", [a], dtype="float32", other_dtype="float32").tables["summary"]
+    same_dtype = summary[summary.comparison.str.startswith("float32 vs")].iloc[0]
+    assert same_dtype.router_flip == 0 and same_dtype.k3 == 0
+
+
+def test_two_different_checkpoints_differ_and_tables_are_consistent(tmp_path):
+    a, b = save_family(tmp_path / "a", "mixtral", seed=0), save_family(tmp_path / "b", "mixtral", seed=1)
+    result = probe("compare", [a, b])
+    summary, by_layer, by_position = (result.tables[k] for k in ("summary", "by_layer", "by_position"))
+    assert 0 < summary.router_flip.iloc[0] <= 1 and summary.k3.iloc[0] > 0
+    # The whole is the routers-weighted mean of its parts (every layer records every token here).
+    assert by_layer.router_flip.mean() == pytest.approx(summary.router_flip.iloc[0], rel=1e-12)
+    assert by_position.tokens.sum() == summary.tokens.iloc[0]
+    # router flip <= changed * k / 1 and >= changed (k = 2: one swapped expert of two is changed 1/2, a flip)
+    assert summary.changed.iloc[0] <= summary.router_flip.iloc[0] <= 2 * summary.changed.iloc[0] + 1e-12
+
+
+def test_bf16_flips_concentrate_at_small_router_margin():
+    # The embedded policy's weights in bf16 vs fp32 on the general suite: a router flips only where its k-th and
+    # (k+1)-th scores are close. Measured: most flips fall in the lowest margin decile.
+    from moestab.models import build_embedded_policy
+
+    model, tokenizer = build_embedded_policy()
+    texts = load_suite("general", 64).texts
+    fp32 = collect(model, tokenizer, texts, batch_size=16)
+    bf16 = collect(model.to(torch.bfloat16), tokenizer, texts, batch_size=16)
+    by_margin = compare_records(fp32, bf16).by_margin
+    assert by_margin.flipped.sum() > 20  # enough flips to say where they are
+    lowest, rest = by_margin.iloc[0], by_margin.iloc[1:]
+    assert lowest.flipped > 0.5 * by_margin.flipped.sum()
+    assert lowest.flip_rate > 10 * rest.flip_rate.max()
+
+
+def test_cli_writes_a_probe_folder_json_csv_and_plots(tmp_path, capsys):
+    a, b = save_family(tmp_path / "a", "olmoe", seed=0), save_family(tmp_path / "b", "olmoe", seed=1)
+    out, csv, plots, js = tmp_path / "probe", tmp_path / "csv", tmp_path / "plots", tmp_path / "p.json"
+    code = main(["probe", "compare", a, b, "--count", "8", "--out", str(out), "--csv", str(csv), "--plots", str(plots),
+                 "--json", str(js), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "summary:" in printed and "by_margin:" in printed
+    saved = read_probe_folder(out)
+    assert saved.probe == "compare" and saved.suite["count"] == 8 and len(saved.suite["sha256"]) == 64
+    assert set(saved.tables) == {"summary", "by_layer", "by_position", "by_margin"}
+    pd.testing.assert_frame_equal(saved.tables["by_layer"], pd.read_csv(csv / "by_layer.csv"))
+    assert json.loads(js.read_text())["tables"]["summary"][0]["tokens"] == saved.tables["summary"].tokens.iloc[0]
+    assert (plots / "compare_flips.png").stat().st_size > 0
+
+
+def test_suites_are_deterministic_and_user_jsonl_is_read(tmp_path):
+    assert load_suite("general", 32).sha256 == load_suite("general", 32).sha256
+    assert load_suite("task:arithmetic", 4).texts == load_suite("task:arithmetic", 4).texts
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"text": "hello world"}\n\n{"text": "2+2=4", "other": 1}\n')
+    suite = load_suite(str(path))
+    assert suite.texts == ("hello world", "2+2=4") and suite.manifest()["count"] == 2
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("missing", "does not exist"),
+        ("dense", "has no Mixture-of-Experts router"),
+        ("mismatch", "different architectures (moe_layers"),
+        ("empty_suite", "the suite is empty"),
+        ("bad_json", "not valid JSON"),
+        ("no_text", "non-empty string 'text'"),
+        ("not_a_model", "neither a moestab run folder"),
+        ("unknown_probe", "unknown probe 'comapre'; valid probes: compare, numerics, saturation"),
+        ("bad_dtype", "dtype 'fp8' is not valid; valid: float32, bfloat16, float16"),
+        ("one_for_compare", "compare takes 2 checkpoints"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys, setup, expected):
+    a = save_family(tmp_path / "a", "qwen3_moe")
+    args, suite = ["compare", a, a], "general"
+    if setup == "missing":
+        args = ["compare", a, str(tmp_path / "nope")]
+    elif setup == "dense":
+        dense = tmp_path / "dense"
+        LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=4)).save_pretrained(dense)
+        build_char_tokenizer().save_pretrained(dense)
+        args = ["compare", a, str(dense)]
+    elif setup == "mismatch":
+        args = ["compare", a, save_family(tmp_path / "b", "qwen3_moe", num_moe_layers=3)]
+    elif setup in ("empty_suite", "bad_json", "no_text"):
+        suite = str(tmp_path / "suite.jsonl")
+        content = {"empty_suite": "\n\n", "bad_json": '{"text": "a"\n', "no_text": '{"prompt": "a"}\n'}[setup]
+        (tmp_path / "suite.jsonl").write_text(content)
+    elif setup == "not_a_model":
+        (tmp_path / "empty").mkdir()
+        args = ["compare", a, str(tmp_path / "empty")]
+    elif setup == "unknown_probe":
+        args = ["comapre", a, a]
+    elif setup == "bad_dtype":
+        args = ["compare", a, a, "--dtype", "fp8"]
+    elif setup == "one_for_compare":
+        args = ["compare", a]
+    out = tmp_path / "out"
+    code = main(["probe", *args, "--suite", suite, "--count", "4", "--out", str(out), "--no-progress"])
+    assert code == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_collect_streams_in_bounded_batches_and_cuts_to_max_tokens():
+    from moestab.models import build_embedded_policy
+
+    model, tokenizer = build_embedded_policy()
+    texts = load_suite("general", 10).texts
+    whole = collect(model, tokenizer, texts, batch_size=3)
+    cut = collect(model, tokenizer, texts, batch_size=3, max_tokens=20)
+    assert cut.tokens == 10 * 20 and cut.position.max() == 19
+    # The same tokens through the same weights route identically whatever the batch split (fp32 may round
+    # log-probs differently with padding, routes are checked exactly).
+    first20 = whole.position < 20
+    np.testing.assert_array_equal(whole.routes[first20], cut.routes)
