@@ -4,7 +4,7 @@ Start with ``moestab dashboard [RUNS_DIR]`` or ``streamlit run dashboard/app.py 
 (default ``$MOESTAB_RUNS``, else ``runs``). One file per page in ``dashboard/app_pages/`` (not
 ``pages/``: a ``pages/`` folder beside the entry file switches Streamlit to its legacy multipage mode
 for sessions that open a page URL before any session has run this file). Every number comes from
-``moestab.analysis``; run folders are only read.
+``moestab.analysis`` (the Probes page: ``moestab.probes``); run and probe folders are only read.
 """
 
 import streamlit as st
@@ -19,6 +19,7 @@ PAGES = [
     st.Page("app_pages/ratios.py", title="Ratios", icon=":material/percent:", url_path="ratios"),
     st.Page("app_pages/attribution.py", title="Attribution", icon=":material/call_split:", url_path="attribution"),
     st.Page("app_pages/experts.py", title="Experts", icon=":material/grid_view:", url_path="experts"),
+    st.Page("app_pages/probes.py", title="Probes", icon=":material/science:", url_path="probes"),
 ]
 
 page = st.navigation(PAGES)

@@ -1,10 +1,11 @@
-"""Cached calls into ``moestab.analysis``, one per thing a page shows.
+"""Cached calls into ``moestab.analysis`` (and ``moestab.probes``), one per thing a page shows.
 
 Every loader takes the run folder and its :func:`~moestab.analysis.dashboard_data.run_fingerprint`
-(so a changed file is a new cache key and gets re-read) and returns a :class:`Loaded`: the value, the
-parts of the run that the readers skipped (their ``Skipped`` entries: file, line, reason) and, when
-nothing could be read, the error. A loader never raises for a bad run: one corrupt run must not take
-the page down. Each call collects its own skipped parts, so concurrent sessions need no lock.
+(a probe folder: :func:`dashkit.probes.fingerprint`), so a changed file is a new cache key and gets
+re-read, and returns a :class:`Loaded`: the value, the parts of the run that the readers skipped
+(their ``Skipped`` entries: file, line, reason) and, when nothing could be read, the error. A loader
+never raises for a bad run: one corrupt run (or probe folder) must not take the page down. Each call
+collects its own skipped parts, so concurrent sessions need no lock.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from moestab.analysis.attribution import run_attribution
 from moestab.analysis.dashboard_data import run_coactivation, run_overview
 from moestab.analysis.experts import load_stats, run_expert_counts
 from moestab.analysis.ratios import clip_fractions, ratio_quantiles, sequence_log_s, variance_by_length
+from moestab.probes.errors import ProbeError
+from moestab.probes.folder import ProbeResult, read_probe_folder
 from moestab.records import schema
 from moestab.records.errors import RunError, Skipped
 from moestab.records.reader import load_metrics, load_tokens, read_run_info
@@ -51,7 +54,7 @@ def guarded(fn: Callable[[list[Skipped]], T]) -> Loaded[T]:
     skipped: list[Skipped] = []
     try:
         value, error, trace = fn(skipped), None, None
-    except (RunError, FileNotFoundError) as exc:
+    except (RunError, ProbeError, FileNotFoundError) as exc:
         value, error, trace = None, str(exc), None
     except Exception as exc:  # a run we cannot read must not break the other runs' views
         value, error, trace = None, f"{type(exc).__name__}: {exc}", traceback.format_exc()
@@ -164,3 +167,9 @@ def expert_stats(run: str, key: Key) -> Loaded:
 def coactivation(run: str, key: Key, layer_index: int) -> Loaded:
     """Co-activation matrix of one layer (:func:`moestab.analysis.dashboard_data.run_coactivation`)."""
     return guarded(lambda skipped: run_coactivation(run, layer_index, skipped=skipped))
+
+
+@st.cache_data(**_CACHE)
+def probe(folder: str, key: Key) -> Loaded[ProbeResult]:
+    """A probe folder (:func:`moestab.probes.folder.read_probe_folder`); ``key``: its files' times and sizes."""
+    return guarded(lambda skipped: read_probe_folder(folder))

@@ -11,18 +11,22 @@ import json
 import sys
 from pathlib import Path
 
-HELP = "Probe MoE checkpoints without training: compare two, precision numerics, router saturation."
+HELP = ("Probe MoE checkpoints without training: compare two, precision numerics, router saturation, one RL step's "
+        "volatility by lr and minibatches, volatility against depth.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from moestab.probes.runner import PROBES
+    from moestab.probes.runner import PROBES, ProbeSettings
     from moestab.probes.suites import SUITE_FORMS
 
+    d = ProbeSettings()
+
     parser.add_argument("probe", metavar="PROBE", help="; ".join(f"{k}: {v.help}" for k, v in PROBES.items()))
-    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                        help="moestab run folder (compare / numerics: its last checkpoint; saturation: all of them) "
-                             "or Hugging Face model folder")
-    parser.add_argument("--suite", default="general", help=f"probe texts: {SUITE_FORMS}")
+    parser.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT",
+                        help="moestab run folder (compare / numerics / step-volatility: its last checkpoint; "
+                             "saturation: all of them) or Hugging Face model folder; depth takes none")
+    parser.add_argument("--suite", default=None, help=f"probe texts (default: general): {SUITE_FORMS}; the step "
+                        "probes take none (they run on --task's prompts)")
     parser.add_argument("--count", type=int, default=None, help="use the suite's first N texts (default: 256 for "
                         "built-in suites, all of a file)")
     parser.add_argument("--max-tokens", type=int, default=None, help="cut each text to N tokens")
@@ -31,6 +35,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--other-dtype", default="bfloat16", help="numerics: the precision compared with --dtype")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--reference", type=int, default=-1, help="saturation: index of the reference checkpoint")
+    step = parser.add_argument_group("step probes (step-volatility, depth): one RL step as moestab train's step 1")
+    step.add_argument("--task", default=None, help="task spec of the step (default: the run's task for a run folder, "
+                      "else arithmetic)")
+    step.add_argument("--algo", default=d.algo, help=f"objective preset (default {d.algo}); routing replay is off")
+    step.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts of the step (default {d.prompts})")
+    step.add_argument("--group-size", type=int, default=d.group_size, help=f"samples per prompt (default "
+                      f"{d.group_size})")
+    step.add_argument("--seed", type=int, default=d.seed, help="the step is moestab train's step 1 with this seed; "
+                      "depth: also the policies' initialisation")
+    step.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: the task's longest "
+                      "answer plus end-of-sequence)")
+    step.add_argument("--lrs", type=float, nargs="+", default=list(d.lrs), metavar="LR",
+                      help=f"step-volatility: learning rates (default {' '.join(map(str, d.lrs))}; 0 = the no-change "
+                      "control)")
+    step.add_argument("--minibatch-counts", type=int, nargs="+", default=list(d.minibatch_counts), metavar="N",
+                      help=f"step-volatility: updates per step (default {' '.join(map(str, d.minibatch_counts))}); "
+                      "each must divide prompts x group size")
+    step.add_argument("--layers", type=int, nargs="+", default=list(d.layers), metavar="N",
+                      help=f"depth: MoE layer counts (default {' '.join(map(str, d.layers))})")
+    step.add_argument("--lr", type=float, default=d.lr, help=f"depth: learning rate of the update (default {d.lr})")
+    step.add_argument("--model", default=d.model, help="depth: embedded variant whose depth varies, without layers "
+                      "(e.g. embedded:experts=32,top_k=4)")
+    step.add_argument("--warm-start", action="store_true", help="depth: start from moestab train's supervised warm "
+                      "start of each variant (cached, shared with training; minutes per deep variant the first "
+                      "time) instead of fresh weights")
+    step.add_argument("--cache-dir", default=None, help="depth: warm-start cache (default $MOESTAB_CACHE or "
+                      "~/.cache/moestab)")
     parser.add_argument("--out", type=Path, default=None, help="save the result as a probe folder (the dashboard's "
                         "Probes page reads these)")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the result as JSON to FILE ('-' = stdout)")
@@ -56,26 +87,37 @@ def run(args: argparse.Namespace) -> int:
     from moestab.probes.folder import ProbeResult, write_probe_folder
     from moestab.probes.plots import plot_probe
     from moestab.probes.runner import ProbeSettings, get_probe, run_probe, select_checkpoints
-    from moestab.probes.suites import load_suite
+    from moestab.probes.suites import GENERAL, load_suite
 
     try:
-        get_probe(args.probe)
+        probe = get_probe(args.probe)
         settings = ProbeSettings(dtype=args.dtype, other_dtype=args.other_dtype, device=args.device,
                                  batch_size=args.batch_size, max_tokens=args.max_tokens, reference=args.reference,
+                                 task=args.task, algo=args.algo, prompts=args.prompts, group_size=args.group_size,
+                                 seed=args.seed, max_new_tokens=args.max_new_tokens, lrs=tuple(args.lrs),
+                                 minibatch_counts=tuple(args.minibatch_counts), layers=tuple(args.layers), lr=args.lr,
+                                 model=args.model, warm_start=args.warm_start, cache_dir=args.cache_dir,
                                  progress=not args.no_progress)
         settings.check()
         if args.count is not None and args.count < 1:
             raise ProbeError(f"--count must be >= 1, got {args.count}")
         checkpoints = select_checkpoints(args.probe, [resolve_checkpoints([c]) for c in args.checkpoints])
-        suite = load_suite(args.suite, args.count)
+        suite = None
+        if probe.own_suite is None:
+            suite = load_suite(args.suite or GENERAL, args.count)
+        elif args.suite is not None or args.count is not None:
+            raise ProbeError(f"{args.probe} takes no --suite or --count: it runs RL steps on --task's prompts "
+                             "(--prompts sets how many)")
         for path, what in ((args.out, "--out"), (args.csv, "--csv"), (args.plots, "--plots")):
             _check_out(path, what)
         result: ProbeResult = run_probe(args.probe, checkpoints, suite, settings)
     except ProbeError as exc:
         print(f"moestab probe: error: {exc}", file=sys.stderr)
         return 2
-    print(f"probe {result.probe} on {', '.join(c.label for c in checkpoints)}; suite {suite.name} "
-          f"({len(suite.texts)} texts, sha256 {suite.sha256[:12]})")
+    on = ", ".join(c.label for c in checkpoints) or "its own policies"
+    manifest = result.suite
+    print(f"probe {result.probe} on {on}; suite {manifest['name']} ({manifest['count']} texts, sha256 "
+          f"{str(manifest['sha256'])[:12]})")
     for name, table in result.tables.items():
         print(f"\n{name}:\n{table.to_string(index=False, float_format=lambda x: f'{x:.4g}')}")
     if args.out is not None:

@@ -5,6 +5,8 @@
 - ``collect``: routes, router margins and next-token log-probs of a model on a suite, in bounded memory;
 - ``compare``: the routing / log-prob difference of two records of the same tokens;
 - ``numerics``, ``saturation``: probes built on those; ``runner``: the probes by name;
+- ``one_step``: one RL step from given weights, as ``moestab train``'s first step; ``step_volatility``, ``depth``:
+  the step probes built on it (they take a task instead of a suite);
 - ``folder``: the probe folder (``probe.json`` + CSV tables) the dashboard reads; ``plots``: its figures.
 """
 

@@ -24,6 +24,8 @@ class Checkpoint:
 
     label: str
     path: Path
+    run: Path | None = None
+    """The moestab run folder it is a checkpoint of (``None`` for a plain model folder)."""
 
 
 def resolve_checkpoints(paths: Sequence[str | Path]) -> list[Checkpoint]:
@@ -40,8 +42,8 @@ def resolve_checkpoints(paths: Sequence[str | Path]) -> list[Checkpoint]:
             if steps.empty:
                 raise ProbeError(f"{path} is a run folder without checkpoints "
                                  f"(nothing under {schema.CHECKPOINTS_DIR}/)")
-            out += [Checkpoint(f"{path.name}@{step}", Path(p)) for step, p in zip(steps["step"], steps["path"],
-                                                                                strict=True)]
+            out += [Checkpoint(f"{path.name}@{step}", Path(p), run=path)
+                    for step, p in zip(steps["step"], steps["path"], strict=True)]
         elif (path / "config.json").is_file():
             out.append(Checkpoint(path.name, path))
         else:

@@ -54,13 +54,39 @@ def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
 
 
 def read_probe_folder(path: str | Path) -> ProbeResult:
+    """The probe folder at ``path``; a damaged one (probe.json not JSON or lacking a key, a listed table missing or
+    not CSV) raises :class:`ProbeError` naming the file."""
     path = Path(path)
     meta_file = path / PROBE_JSON
     if not meta_file.is_file():
         raise ProbeError(f"{path} is not a probe folder: it has no {PROBE_JSON}")
-    meta = json.loads(meta_file.read_text())
-    tables = {name: pd.read_csv(path / f"{name}.csv") for name in meta["tables"]}
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"{meta_file} is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ProbeError(f"{meta_file} is not a JSON object")
+    kinds = {"probe": str, "checkpoints": list, "suite": dict, "settings": dict, "tables": list}
+    wrong = [f"{key!r} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(meta.get(key), kind)]
+    if wrong:
+        raise ProbeError(f"{meta_file} lacks {', '.join(wrong)}")
+    tables = {}
+    for name in meta["tables"]:
+        if not isinstance(name, str) or not _TABLE_NAME.match(name):
+            raise ProbeError(f"{meta_file} lists table {name!r}, not a valid table name")
+        tables[name] = _read_table(path / f"{name}.csv")
     return ProbeResult(meta["probe"], meta["checkpoints"], meta["suite"], meta["settings"], tables)
+
+
+def _read_table(file: Path) -> pd.DataFrame:
+    if not file.is_file():
+        raise ProbeError(f"{file} is missing ({PROBE_JSON} lists it)")
+    try:
+        return pd.read_csv(file)
+    except pd.errors.EmptyDataError:  # a table without columns is written as an empty line
+        return pd.DataFrame()
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ProbeError(f"{file} is not a readable CSV table: {exc}") from None
 
 
 def find_probe_folders(root: str | Path) -> list[Path]:

@@ -1,11 +1,13 @@
 """Probes by name: each takes checkpoints, a suite and settings and returns a :class:`ProbeResult`.
 
 The registry's error lists the valid names; inputs are checked (checkpoint count, dtypes) before any model is
-loaded, so bad input fails fast and writes nothing.
+loaded, so bad input fails fast and writes nothing. The step probes (step-volatility, depth) take no suite: they run
+RL steps on a task's prompts, which their result records as its suite.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,11 +16,15 @@ import pandas as pd
 from moestab.probes.checkpoints import Checkpoint, check_dtype, check_same_architecture, load_checkpoint
 from moestab.probes.collect import collect
 from moestab.probes.compare import Comparison, compare_records
+from moestab.probes.depth import check_depth_settings, depth
 from moestab.probes.errors import ProbeError
 from moestab.probes.folder import ProbeResult
 from moestab.probes.numerics import numerics
+from moestab.probes.one_step import StepRecipe, prepare_tokenizer, probe_task
 from moestab.probes.saturation import saturation
-from moestab.probes.suites import ProbeSuite
+from moestab.probes.step_volatility import step_volatility
+from moestab.probes.suites import SUITE_FORMS, ProbeSuite
+from moestab.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,35 @@ class ProbeSettings:
     """Cut every suite text to this many tokens."""
     reference: int = -1
     """saturation only: index of the reference checkpoint (default: the last)."""
+    task: str | None = None
+    """Step probes: task spec of the step (default: the run's task for a run folder, else arithmetic)."""
+    algo: str = "grpo"
+    """Step probes: objective preset of the step (``moestab.rl.PRESETS``); routing replay is off."""
+    prompts: int = TrainConfig.prompts_per_step
+    """Step probes: prompts of the step (``moestab train``'s prompts_per_step)."""
+    group_size: int = TrainConfig.group_size
+    """Step probes: samples per prompt."""
+    seed: int = 0
+    """Step probes: the step is ``moestab train``'s step 1 with this seed (prompts, sampling, minibatch split); depth:
+    also the seed of the policies' initialisation."""
+    max_new_tokens: int | None = None
+    """Step probes: response cap (default: the task's longest answer plus end-of-sequence)."""
+    lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
+    """step-volatility only: learning rates, each a step from the same weights (0 allowed: the no-change control)."""
+    minibatch_counts: tuple[int, ...] = (1, 2, 4)
+    """step-volatility only: updates per step, each a step from the same weights; each must divide prompts x
+    group_size."""
+    layers: tuple[int, ...] = (2, 4, 8, 16)
+    """depth only: MoE layer counts of the embedded policies, one step each."""
+    lr: float = TrainConfig.lr
+    """depth only: learning rate of the single update (``moestab train``'s default)."""
+    model: str = "embedded"
+    """depth only: the embedded variant whose depth varies, without ``layers`` (e.g. 'embedded:experts=32,top_k=4')."""
+    warm_start: bool = False
+    """depth only: start from ``moestab train``'s supervised warm start of each variant (cached; minutes per deep
+    variant the first time) instead of fresh weights with ``seed``."""
+    cache_dir: str | None = None
+    """depth only: warm-start cache (default: $MOESTAB_CACHE or ~/.cache/moestab, as ``moestab train``)."""
     progress: bool = False
 
     def check(self) -> None:
@@ -46,6 +81,39 @@ class ProbeSettings:
             raise ProbeError(f"max_tokens must be >= 2, got {self.max_tokens}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ProbeError(f"device {self.device!r} is not valid; valid: cpu, cuda, cuda:N")
+        self._check_steps()
+
+    def _check_steps(self) -> None:
+        from moestab.rl import PRESETS
+
+        if self.algo not in PRESETS:
+            raise ProbeError(f"algo {self.algo!r} is not valid; valid: {', '.join(PRESETS)}")
+        for name, low in (("prompts", 1), ("group_size", 2), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ProbeError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
+            raise ProbeError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not self.lrs:
+            raise ProbeError("lrs: give at least one learning rate; valid: finite numbers >= 0")
+        for name, values in (("lrs", self.lrs), ("lr", (self.lr,))):
+            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                   or v < 0]
+            if bad:
+                raise ProbeError(f"{name} {bad} are not valid; valid: finite numbers >= 0 (0: the no-change control)")
+        batch = self.prompts * self.group_size
+        valid = [d for d in range(1, batch + 1) if batch % d == 0]
+        bad = [n for n in self.minibatch_counts if isinstance(n, bool) or not isinstance(n, int) or n not in valid]
+        if bad or not self.minibatch_counts:
+            raise ProbeError(f"minibatch_counts {bad or '(none)'} are not valid: each must divide the rollout batch of "
+                             f"{batch} sequences (prompts x group_size = {self.prompts} x {self.group_size}); valid: "
+                             f"{', '.join(map(str, valid))}")
+        for name, values in (("lrs", self.lrs), ("minibatch_counts", self.minibatch_counts)):
+            if len(set(values)) != len(values):
+                raise ProbeError(f"{name} {list(values)} repeat a value; give each once")
+        check_depth_settings(self.layers, self.model)
+        if self.task is not None:
+            probe_task(self.task, [])  # a bad spec fails here, naming what is valid
 
 
 def _comparison_tables(comparison: Comparison, label: str | None = None) -> dict[str, pd.DataFrame]:
@@ -84,18 +152,61 @@ def _saturation(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettin
                                      progress=s.progress)}
 
 
+def _recipe(checkpoints: list[Checkpoint], s: ProbeSettings) -> StepRecipe:
+    return StepRecipe(probe_task(s.task, checkpoints), algo=s.algo, prompts=s.prompts, group_size=s.group_size,
+                      seed=s.seed, max_new_tokens=s.max_new_tokens)
+
+
+def _step_suite(checkpoints: list[Checkpoint], s: ProbeSettings) -> ProbeSuite:
+    return _recipe(checkpoints, s).suite()
+
+
+def _step_volatility(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    (checkpoint,) = checkpoints
+    recipe = _recipe(checkpoints, s)
+    for n in s.minibatch_counts:  # the step's own checks (e.g. max_new_tokens) before the model is loaded
+        recipe.step_settings(n)
+    model, tokenizer = load_checkpoint(checkpoint, dtype=s.dtype, device=s.device)
+    prepare_tokenizer(tokenizer, recipe, checkpoint.label)
+    return step_volatility(model, tokenizer, recipe, lrs=s.lrs, minibatch_counts=s.minibatch_counts,
+                           label=checkpoint.label, progress=s.progress)
+
+
+def _depth(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    return depth(_recipe(checkpoints, s), layers=s.layers, lr=s.lr, model=s.model, warm_start=s.warm_start,
+                 cache_dir=s.cache_dir, dtype=s.dtype, device=s.device, progress=s.progress)
+
+
+_COLLECT = ("dtype", "device", "batch_size", "max_tokens")
+_STEP = ("dtype", "device", "task", "algo", "prompts", "group_size", "seed", "max_new_tokens")
+
+
 @dataclass(frozen=True)
 class Probe:
     run: Callable[[list[Checkpoint], ProbeSuite, ProbeSettings], dict[str, pd.DataFrame]]
     checkpoints: str
-    """How many checkpoints it takes: 'one', 'two' or 'many' (a run folder gives its last / all checkpoints)."""
+    """How many checkpoints it takes: 'none', 'one', 'two' or 'many' (a run folder gives its last / all
+    checkpoints)."""
     help: str
+    settings: tuple[str, ...]
+    """The :class:`ProbeSettings` fields it reads: what its result records."""
+    own_suite: Callable[[list[Checkpoint], ProbeSettings], ProbeSuite] | None = None
+    """``None``: it runs on the suite it is given; else it takes none and this makes the one its result records."""
 
 
 PROBES: dict[str, Probe] = {
-    "compare": Probe(_compare, "two", "routing and log-prob difference between two checkpoints on the same tokens"),
-    "numerics": Probe(_numerics, "one", "the same weights in two precisions, and batched vs one sequence at a time"),
-    "saturation": Probe(_saturation, "many", "OLMoE router saturation of each checkpoint against a reference"),
+    "compare": Probe(_compare, "two", "routing and log-prob difference between two checkpoints on the same tokens",
+                     _COLLECT),
+    "numerics": Probe(_numerics, "one", "the same weights in two precisions, and batched vs one sequence at a time",
+                      (*_COLLECT, "other_dtype")),
+    "saturation": Probe(_saturation, "many", "OLMoE router saturation of each checkpoint against a reference",
+                        (*_COLLECT, "reference")),
+    "step-volatility": Probe(_step_volatility, "one", "one RL step from one checkpoint at each --lrs and "
+                             "--minibatch-counts: routing change, log-ratio variance, clipping",
+                             (*_STEP, "lrs", "minibatch_counts"), _step_suite),
+    "depth": Probe(_depth, "none", "one RL update of embedded policies of each --layers depth (no checkpoint): "
+                   "router vs token flip against depth", (*_STEP, "layers", "lr", "model", "warm_start", "cache_dir"),
+                   _step_suite),
 }
 
 
@@ -108,6 +219,10 @@ def get_probe(name: str) -> Probe:
 def select_checkpoints(probe: str, given: list[list[Checkpoint]]) -> list[Checkpoint]:
     """The checkpoints ``probe`` runs on, from what each argument resolved to (a run folder: its checkpoints)."""
     want = get_probe(probe).checkpoints
+    if want == "none":
+        if given:
+            raise ProbeError(f"{probe} takes no checkpoint (it builds its own policies), got {len(given)}")
+        return []
     if want == "many":
         chosen = [c for group in given for c in group]
         if len(chosen) < 2:
@@ -120,9 +235,23 @@ def select_checkpoints(probe: str, given: list[list[Checkpoint]]) -> list[Checkp
     return [group[-1] for group in given]
 
 
-def run_probe(name: str, checkpoints: list[Checkpoint], suite: ProbeSuite, settings: ProbeSettings) -> ProbeResult:
+def run_probe(
+    name: str, checkpoints: list[Checkpoint], suite: ProbeSuite | None, settings: ProbeSettings
+) -> ProbeResult:
+    """Probe ``name`` on ``checkpoints`` (see :func:`select_checkpoints`); ``suite`` is ``None`` for the probes
+    that take none (step-volatility, depth) and required by the others."""
     probe = get_probe(name)
     settings.check()
+    expected = {"none": 0, "one": 1, "two": 2}.get(probe.checkpoints)
+    if expected is not None and len(checkpoints) != expected:
+        raise ProbeError(f"{name} takes {expected} checkpoint(s), got {len(checkpoints)} (select_checkpoints picks "
+                         "them from run folders)")
+    if probe.own_suite is not None:
+        if suite is not None:
+            raise ProbeError(f"{name} takes no suite: it runs RL steps on the prompts of --task")
+        suite = probe.own_suite(checkpoints, settings)
+    elif suite is None:
+        raise ProbeError(f"{name} needs a suite; valid suites: {SUITE_FORMS}")
     tables = probe.run(checkpoints, suite, settings)
     return ProbeResult(name, [f"{c.label}={c.path}" for c in checkpoints], suite.manifest(),
-                       {k: v for k, v in vars(settings).items() if k != "progress"}, tables)
+                       {k: getattr(settings, k) for k in probe.settings}, tables)

@@ -125,6 +125,11 @@ class RunInfo:
         return str(self.config["model"])
 
     @property
+    def task(self) -> str:
+        """The task spec the run trained on (``config.task``)."""
+        return str(self.config["task"])
+
+    @property
     def top_k(self) -> int:
         return self.model.top_k
 

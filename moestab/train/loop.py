@@ -35,7 +35,14 @@ from moestab.train.run_folder import (
     prepare_resume,
     write_failure,
 )
-from moestab.train.step import NonFiniteLossError, StepSettings, run_step, step_examples, step_seed
+from moestab.train.step import (
+    NonFiniteLossError,
+    StepSettings,
+    extra_examples,
+    run_step,
+    step_examples,
+    step_seed,
+)
 from moestab.train.token_table import token_table
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
@@ -134,7 +141,7 @@ def train(
     task = task_from_spec(config.task)
     run_dir = Path(config.run_dir)
     writer = RunWriter(run_dir)
-    max_new = _response_budget(config, task)
+    max_new = response_budget(config, task)
 
     # ---- the run folder: checked (and, for --overwrite, cleared) before any model is loaded ---------
     if config.resume:
@@ -159,15 +166,7 @@ def train(
     if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):
         raise ConfigError(f"router_aux_loss_coef: {model.config.model_type} has no load-balancing loss (it balances "
                           "its experts otherwise, e.g. DeepSeek-V3's selection bias); leave it at 0")
-    settings = StepSettings(
-        preset=config.resolved_preset(), replay=config.routing_replay,
-        minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
-        max_new_tokens=max_new, max_grad_norm=config.max_grad_norm, router_aux_loss_coef=config.router_aux_loss_coef,
-        overlong_cache=config.overlong_cache_tokens(max_new),
-        dynamic_sampling=(config.dynamic_sampling if config.dynamic_sampling is not None
-                          else config.resolved_preset().dynamic_sampling),
-        dynamic_sampling_rounds=config.dynamic_sampling_rounds,
-    )
+    settings = step_settings(config, max_new)
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
 
@@ -221,7 +220,7 @@ def train(
                     model=model, optimizer=optimizer, engine=engine, task=task, settings=settings,
                     examples=examples,
                     generator=torch.Generator().manual_seed(seed), ref_model=ref_model,
-                    draw_more=lambda r, seed=seed: task.sample(config.prompts_per_step, random.Random(seed * 1009 + r)),
+                    draw_more=extra_examples(task, config.prompts_per_step, config.seed, step),
                 )
                 metrics.update(skipped)
                 if history is not None:
@@ -277,7 +276,22 @@ def _nothing_to_learn(config: TrainConfig, step: int, steps: int, start_accuracy
             "--max-zero-advantage-steps 0 disables this stop")
 
 
-def _response_budget(config: TrainConfig, task: Task) -> int:
+def step_settings(config: TrainConfig, max_new_tokens: int) -> StepSettings:
+    """What each step of ``config`` runs with: the preset with its overrides, DAPO's shaping and sampling resolved
+    (``max_new_tokens``: :func:`response_budget`). The probes' steps use it too, so they step as training does."""
+    preset = config.resolved_preset()
+    return StepSettings(
+        preset=preset, replay=config.routing_replay,
+        minibatches=config.minibatches, group_size=config.group_size, temperature=config.temperature,
+        max_new_tokens=max_new_tokens, max_grad_norm=config.max_grad_norm,
+        router_aux_loss_coef=config.router_aux_loss_coef,
+        overlong_cache=config.overlong_cache_tokens(max_new_tokens),
+        dynamic_sampling=config.dynamic_sampling if config.dynamic_sampling is not None else preset.dynamic_sampling,
+        dynamic_sampling_rounds=config.dynamic_sampling_rounds,
+    )
+
+
+def response_budget(config: TrainConfig, task: Task) -> int:
     """``max_new_tokens``, refused when it cannot hold the task's longest answer (the task would be unsolvable)."""
     needed = task.max_answer_chars + 1  # answer + EOS; the embedded tokenizer has one token per character
     if config.max_new_tokens is None:

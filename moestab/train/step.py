@@ -348,3 +348,9 @@ def step_seed(seed: int, step: int) -> int:
 
 def step_examples(task: Task, n: int, seed: int, step: int) -> list[Example]:
     return task.sample(n, random.Random(step_seed(seed, step)))
+
+
+def extra_examples(task: Task, n: int, seed: int, step: int) -> Callable[[int], list[Example]]:
+    """``draw_more`` of ``step``: dynamic sampling's ``n`` extra prompts of round ``r`` (deterministic per round)."""
+    base = step_seed(seed, step)
+    return lambda r: task.sample(n, random.Random(base * 1009 + r))

@@ -18,6 +18,7 @@ PAGES = {  # page file -> title it shows
     "app_pages/ratios.py": "Ratios",
     "app_pages/attribution.py": "Attribution",
     "app_pages/experts.py": "Experts",
+    "app_pages/probes.py": "Probes",
 }
 
 

@@ -16,6 +16,7 @@ import pytest
 from tests.dashboard.conftest import PAGES
 
 RUNS_PAGE = "app_pages/runs.py"
+PROBES_PAGE = "app_pages/probes.py"  # reads probe folders, not runs (tests/dashboard/test_probes_page.py)
 
 
 def open_page(at, page: str):
@@ -51,7 +52,7 @@ EXPECTED_CHARTS = {
         "KL(pi_old ‖ pi_new)",
         "Gradient norm (before clipping, mean over minibatches) against step",
         "Clipped tokens, minibatches 2..n (GSPO Fig. 2) against step",
-        "Rollout vs pi_old as used in the ratio, k3 (R3 lowers it) against step",
+        "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it) against step",
         "Rollout vs the trainer's free pi_old, k3 against step",
     ],
     "app_pages/volatility.py": [
@@ -162,7 +163,7 @@ def test_damaged_runs_are_reported_and_the_good_run_still_renders(make_app, runs
     # Compare all four on every page.
     at.multiselect(key="moestab_select_widget").set_value([str(p) for p in sorted(runs_copy.iterdir())]).run()
     for page in PAGES:
-        if page == RUNS_PAGE:
+        if page in (RUNS_PAGE, PROBES_PAGE):
             continue
         at.switch_page(page).run()
         assert not at.exception, (page, texts(at.exception))
@@ -225,7 +226,7 @@ def test_empty_folder_says_so_on_every_page(make_app, tmp_path: Path) -> None:
             at.switch_page(page).run()
         assert not at.exception and not at.error, (page, texts(at.exception), texts(at.error))
         assert [t.value for t in at.title] == [PAGES[page]]
-        assert "No runs in" in texts(at.info), page
+        assert ("No probe folders in" if page == PROBES_PAGE else "No runs in") in texts(at.info), page
         assert not chart_alts(at)
 
 
