@@ -108,8 +108,8 @@ def test_several_folders_of_one_probe_are_overlaid(make_app, probe_root: Path) -
 def test_an_unknown_probe_is_shown_as_its_tables(make_app, tmp_path: Path) -> None:
     tables = {"summary": pd.DataFrame({"tokens": [12], "depth_change": [0.25]}),
               "by_depth": pd.DataFrame({"depth": [0, 1, 2], "change": [0.1, 0.2, 0.4]})}
-    write_probe_folder(ProbeResult("depth", ["a=/m/a"], {"name": "general", "count": 2, "sha256": "0" * 64},
-                                   {"dtype": "float32"}, tables), tmp_path / "depth-probe")
+    write_probe_folder(ProbeResult("my-own-probe", ["a=/m/a"], {"name": "general", "count": 2, "sha256": "0" * 64},
+                                   {"dtype": "float32"}, tables), tmp_path / "my-probe")
     at = open_probes(make_app, tmp_path)
     assert_clean(at)
     assert not chart_alts(at)
