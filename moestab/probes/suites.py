@@ -116,6 +116,22 @@ def jsonl_suite(path: str | Path) -> ProbeSuite:
     return ProbeSuite(path.stem, str(path), tuple(texts))
 
 
+def write_suites(suites: list[ProbeSuite], folder: str | Path) -> Path:
+    """Write each suite as ``folder/<file>.jsonl`` (``{"text": ...}`` lines) and their manifests, with the file
+    name of each, to ``folder/manifest.json``; returns the manifest's path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for suite in suites:
+        file = suite.name.replace(TASK_PREFIX, "task-").replace(":", "-").replace("=", "-").replace(",", "-") + ".jsonl"
+        lines = [json.dumps({"text": text}, ensure_ascii=False) for text in suite.texts]
+        (folder / file).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        entries.append({**suite.manifest(), "file": file})
+    manifest = folder / "manifest.json"
+    manifest.write_text(json.dumps(entries, indent=2) + "\n")
+    return manifest
+
+
 def load_suite(spec: str, count: int | None = None) -> ProbeSuite:
     """The suite ``spec`` names (see the module docstring), cut to its first ``count`` texts."""
     if spec == GENERAL:

@@ -168,3 +168,22 @@ def test_collect_streams_in_bounded_batches_and_cuts_to_max_tokens():
     # log-probs differently with padding, routes are checked exactly).
     first20 = whole.position < 20
     np.testing.assert_array_equal(whole.routes[first20], cut.routes)
+
+
+def test_shipped_suite_files_are_what_the_code_generates():
+    import sys
+    from pathlib import Path
+
+    from moestab.probes.suites import general_suite, task_suite
+
+    folder = Path(__file__).resolve().parents[2] / "probes" / "suites"
+    entries = json.loads((folder / "manifest.json").read_text())
+    assert [e["name"] for e in entries] == ["general", "task:arithmetic", "task:sort:length=32"]
+    for entry in entries:
+        from_file = load_suite(str(folder / entry["file"]))
+        assert from_file.sha256 == entry["sha256"] and len(from_file.texts) == entry["count"] == 256
+    for entry, spec in zip(entries[1:], ["arithmetic", "sort:length=32"], strict=True):
+        assert task_suite(spec).sha256 == entry["sha256"]  # task suites do not depend on the Python version
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the general suite's docstrings are those of the Python that wrote the file (3.11)")
+    assert general_suite().sha256 == entries[0]["sha256"]
