@@ -18,7 +18,7 @@ from moestab.probes.checkpoints import resolve_checkpoints
 from moestab.probes.collect import collect
 from moestab.probes.compare import compare_records
 
-FAMILIES = ["qwen3_moe", "mixtral", "olmoe"]
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3"]
 
 
 def save_family(path, family: str, seed: int = 0, **config) -> str:
