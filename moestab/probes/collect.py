@@ -55,6 +55,72 @@ def tokenize_suite(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max
     return ids
 
 
+_FIELDS = ("routes", "margin", "logp", "text", "position")
+
+
+@torch.no_grad()
+def _record_batch(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, first_text: int) -> dict:
+    """One batch's part of a :class:`ProbeRecord` (any padding side), plus its layers and expert count."""
+    from moestab.routing import RoutingRecorder
+
+    with RoutingRecorder(model, margin=True, entropy=False, slot_scores=True) as recorder:
+        logits = model(input_ids=ids, attention_mask=mask).logits  # [b, seq, vocab]
+    routes = recorder.routes.ranked()
+    real = mask.bool()  # [b, seq]
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [b, seq-1, vocab]
+    nxt = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [b, seq-1]
+    nxt = nxt.masked_fill(~real[:, 1:], float("nan"))  # the next position is padding: no next token
+    nxt = torch.cat([nxt, torch.full_like(nxt[:, :1], float("nan"))], dim=1)  # [b, seq]
+    text = torch.arange(first_text, first_text + ids.shape[0], device=ids.device)[:, None].expand_as(ids)  # [b, seq]
+    position = mask.long().cumsum(1) - 1  # [b, seq] position among the text's real tokens
+    return {
+        "routes": routes.indices[real].cpu().numpy().astype(np.int16),  # [t, layers, k]
+        "margin": routes.margin[real].cpu().numpy().astype(np.float32),  # [t, layers]
+        "logp": nxt[real].cpu().numpy().astype(np.float32),  # [t]
+        "text": text[real].cpu().numpy().astype(np.int32),
+        "position": position[real].cpu().numpy().astype(np.int32),
+        "meta": (routes.layers, routes.num_experts),
+    }
+
+
+def _assemble(parts: list[dict]) -> ProbeRecord:
+    layers, num_experts = parts[0]["meta"]
+    return ProbeRecord(**{k: np.concatenate([p[k] for p in parts]) for k in _FIELDS}, layers=tuple(layers),
+                       num_experts=num_experts)
+
+
+def _batches(starts: range, progress: bool):
+    if not progress:
+        return starts
+    from tqdm.auto import tqdm
+
+    return tqdm(starts, desc="probe", unit="batch")
+
+
+def record_batches(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+    batch_size: int = 16, progress: bool = False,
+) -> ProbeRecord:
+    """:class:`ProbeRecord` of already tokenized ``input_ids`` / ``attention_mask`` ``[texts, seq]`` (either padding
+    side; padding positions are left out), run ``batch_size`` rows at a time."""
+    ids = torch.as_tensor(input_ids)
+    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask)
+    if ids.dim() != 2 or mask.shape != ids.shape:
+        raise ProbeError(f"input_ids and attention_mask must be [texts, seq], got {tuple(ids.shape)} and "
+                         f"{tuple(mask.shape)}")
+    if batch_size < 1:
+        raise ProbeError(f"batch_size must be >= 1, got {batch_size}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        parts = [_record_batch(model, ids[i : i + batch_size].to(device), mask[i : i + batch_size].to(device), i)
+                 for i in _batches(range(0, ids.shape[0], batch_size), progress)]
+    finally:
+        model.train(was_training)
+    return _assemble(parts)
+
+
 @torch.no_grad()
 def collect(
     model: PreTrainedModel,
@@ -67,11 +133,10 @@ def collect(
 ) -> ProbeRecord:
     """Routes, margins and next-token log-probs of ``model`` on ``texts`` (see :class:`ProbeRecord`).
 
-    ``batch_size=1`` runs one sequence at a time: no padding, the shapes an inference engine serving one
-    request would use; comparing it with a batched record measures batch-shape numerics.
+    Each batch is right-padded to its own longest text. ``batch_size=1`` runs one sequence at a time: no padding,
+    the shapes an inference engine serving one request would use; comparing it with a batched record measures
+    batch-shape numerics.
     """
-    from moestab.routing import RoutingRecorder
-
     if batch_size < 1:
         raise ProbeError(f"batch_size must be >= 1, got {batch_size}")
     if not texts:
@@ -79,18 +144,11 @@ def collect(
     rows = tokenize_suite(tokenizer, texts, max_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("routes", "margin", "logp", "text", "position")}
-    layers: tuple[int, ...] = ()
-    num_experts = 0
     was_training = model.training
     model.eval()
-    starts = range(0, len(rows), batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc="probe", unit="batch")
+    parts = []
     try:
-        for start in starts:
+        for start in _batches(range(0, len(rows), batch_size), progress):
             batch = rows[start : start + batch_size]
             width = max(map(len, batch))
             ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [b, seq]
@@ -98,25 +156,7 @@ def collect(
             for i, row in enumerate(batch):
                 ids[i, : len(row)] = torch.tensor(row)
                 mask[i, : len(row)] = 1
-            ids, mask = ids.to(device), mask.to(device)
-            with RoutingRecorder(model, margin=True, entropy=False, slot_scores=True) as recorder:
-                logits = model(input_ids=ids, attention_mask=mask).logits  # [b, seq, vocab]
-            routes = recorder.routes.ranked()
-            layers, num_experts = routes.layers, routes.num_experts
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [b, seq-1, vocab]
-            nxt = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [b, seq-1]
-            nxt = torch.cat([nxt, torch.full_like(nxt[:, :1], float("nan"))], dim=1)  # [b, seq]
-            last = mask.sum(1) - 1  # [b] each text's last real position: no next token
-            nxt[torch.arange(len(batch), device=device), last] = float("nan")
-            keep = mask.bool()  # [b, seq]
-            parts["routes"].append(routes.indices[keep].cpu().numpy().astype(np.int16))  # [t, layers, k]
-            parts["margin"].append(routes.margin[keep].cpu().numpy().astype(np.float32))  # [t, layers]
-            parts["logp"].append(nxt[keep].cpu().numpy().astype(np.float32))  # [t]
-            text = torch.arange(start, start + len(batch), device=device)[:, None].expand_as(ids)  # [b, seq]
-            position = torch.arange(width, device=device)[None, :].expand_as(ids)  # [b, seq]
-            parts["text"].append(text[keep].cpu().numpy().astype(np.int32))
-            parts["position"].append(position[keep].cpu().numpy().astype(np.int32))
+            parts.append(_record_batch(model, ids.to(device), mask.to(device), start))
     finally:
         model.train(was_training)
-    return ProbeRecord(**{k: np.concatenate(v) for k, v in parts.items()}, layers=tuple(layers),
-                       num_experts=num_experts)
+    return _assemble(parts)

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from moestab.analysis.mismatch import run_mismatch
-from moestab.analysis.saturation import checkpoint_saturation
 from moestab.analysis.summary import summarize_runs
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.records import schema
@@ -87,12 +86,15 @@ def test_summary_reports_the_runs_own_numbers(run_dir):
 
 
 def test_checkpoint_saturation_against_itself_is_one_and_against_the_start_is_not_above(run_dir):
-    probes = np.random.default_rng(0).integers(4, 80, size=(8, 12))
-    final = str(run_dir / schema.checkpoint_dir(3))
-    start = str(run_dir / schema.checkpoint_dir(0))
-    table = checkpoint_saturation([final, start], final, probes)
-    self_rows = table[table.checkpoint == final].filter(like="saturation")  # top-k and top-1 columns
+    from moestab.probes.checkpoints import Checkpoint
+    from moestab.probes.saturation import saturation
+    from moestab.probes.suites import load_suite
+
+    final = Checkpoint("final", run_dir / schema.checkpoint_dir(3))
+    start = Checkpoint("start", run_dir / schema.checkpoint_dir(0))
+    table = saturation([final, start], load_suite("task:arithmetic", 8).texts, reference=0)
+    self_rows = table[table.checkpoint == "final"].filter(like="saturation")  # top-k and top-1 columns
     assert self_rows.shape == (4, 2)  # 4 MoE layers
     assert (self_rows.to_numpy() == 1.0).all()
-    other = table[table.checkpoint == start].filter(like="saturation").to_numpy()
+    other = table[table.checkpoint == "start"].filter(like="saturation").to_numpy()
     assert ((other >= 0) & (other <= 1)).all() and (other < 1).any()  # 3 RL steps moved some routes

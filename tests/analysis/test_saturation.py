@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from moestab.analysis.saturation import checkpoint_saturation, record_probe_routes, router_saturation
+from moestab.analysis.saturation import router_saturation
 from moestab.analysis.synthetic import synthetic_routes
+from moestab.probes.collect import record_batches
 
 from .naive import decision_overlaps
 
@@ -63,7 +65,11 @@ def test_checkpoint_saturation(checkpoints):
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding
     mask[3, :5] = 0
-    table = checkpoint_saturation([ref, other], ref, ids, mask, batch_size=2)
+    # What the saturation probe does: record each checkpoint on the same tokens, compare with the reference's.
+    records = {path: record_batches(AutoModelForCausalLM.from_pretrained(path).eval(), ids, mask, batch_size=2)
+               for path in (ref, other)}
+    table = pd.concat([router_saturation(records[path].routes, records[ref].routes, layers=records[path].layers)
+                       .assign(checkpoint=str(path)) for path in (ref, other)], ignore_index=True)
     assert table["checkpoint"].tolist() == [str(ref)] * 2 + [str(other)] * 2
     mine = table[table["checkpoint"] == str(ref)]
     assert mine["saturation"].tolist() == [1.0, 1.0] and mine["tokens"].tolist() == [int(mask.sum())] * 2
@@ -96,6 +102,9 @@ def test_probe_routes_skip_padding(checkpoints):
     model = AutoModelForCausalLM.from_pretrained(checkpoints[0])
     ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    routes, layers = record_probe_routes(model, ids, mask, batch_size=1)
-    assert routes.shape == (5, 2, 2) and routes.dtype == np.int16 and (routes >= 0).all()
-    assert len(layers) == 2
+    record = record_batches(model, ids, mask, batch_size=1)
+    assert record.routes.shape == (5, 2, 2) and record.routes.dtype == np.int16 and (record.routes >= 0).all()
+    assert len(record.layers) == 2
+    # Left padding: the first row's real tokens are its positions 0 and 1; each text's last token has no next token.
+    assert record.text.tolist() == [0, 0, 1, 1, 1] and record.position.tolist() == [0, 1, 0, 1, 2]
+    assert np.isnan(record.logp[[1, 4]]).all() and np.isfinite(record.logp[[0, 2, 3]]).all()

@@ -137,7 +137,12 @@ def deepseek_probe_scores(model, ids, mask) -> torch.Tensor:
 
 
 def test_saturation_top1_reads_the_best_expert_on_deepseek_v3():
-    from moestab.analysis.saturation import record_probe_routes, router_saturation
+    from moestab.analysis.saturation import router_saturation
+    from moestab.probes.collect import record_batches
+
+    def record_probe_routes(model, ids, mask):
+        record = record_batches(model, ids, mask)
+        return record.routes, record.layers
 
     model = make_wide_model("deepseek_v3")
     ids, mask = batch(batch_size=6, seq=16)
