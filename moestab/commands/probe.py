@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", metavar="DIR", type=Path, default=None, help="write one CSV per table to DIR")
     parser.add_argument("--plots", metavar="DIR", type=Path, default=None, help="write PNG figures to DIR")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def _check_out(path: Path | None, what: str) -> None:
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         probe = get_probe(args.probe)
+        if args.threads is not None and args.threads < 1:
+            raise ProbeError(f"--threads must be >= 1, got {args.threads}")
         settings = ProbeSettings(dtype=args.dtype, other_dtype=args.other_dtype, device=args.device,
                                  batch_size=args.batch_size, max_tokens=args.max_tokens, reference=args.reference,
                                  task=args.task, algo=args.algo, prompts=args.prompts, group_size=args.group_size,
@@ -110,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
                              "(--prompts sets how many)")
         for path, what in ((args.out, "--out"), (args.csv, "--csv"), (args.plots, "--plots")):
             _check_out(path, what)
+        if args.threads is not None:  # the process's environment is the command's to set, not the library's
+            import torch
+
+            torch.set_num_threads(args.threads)
         result: ProbeResult = run_probe(args.probe, checkpoints, suite, settings)
     except ProbeError as exc:
         print(f"moestab probe: error: {exc}", file=sys.stderr)

@@ -187,3 +187,13 @@ def test_shipped_suite_files_are_what_the_code_generates():
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the general suite's docstrings are those of the Python that wrote the file (3.11)")
     assert general_suite().sha256 == entries[0]["sha256"]
+
+
+def test_cli_threads_flag_is_validated_and_applied(tmp_path, capsys, monkeypatch):
+    a = save_family(tmp_path / "a", "qwen3_moe")
+    assert main(["probe", "compare", a, a, "--threads", "0", "--no-progress"]) == 2
+    assert "--threads must be >= 1, got 0" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    assert main(["probe", "compare", a, a, "--threads", "1", "--count", "2", "--no-progress"]) == 0
+    assert seen == [1]
