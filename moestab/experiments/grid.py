@@ -1,0 +1,80 @@
+"""A grid of ``moestab train`` runs: axes x seeds, each run in its own folder, finished runs reused."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from moestab.configs import build_config
+from moestab.records import schema
+from moestab.records.errors import RunError
+from moestab.records.reader import load_metrics, read_run_info
+from moestab.train import TrainConfig, train
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One run of a grid: its axis values (seed included) and its config."""
+
+    values: dict[str, Any]
+    config: TrainConfig = field(compare=False)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run_dir)
+
+
+def _slug(value: Any) -> str:
+    return str(value).replace("/", "-").replace(":", "-").replace("=", "-").replace(",", "-")
+
+
+def grid_runs(
+    base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]], seeds: Sequence[int], out: str | Path
+) -> list[GridRun]:
+    """Every combination of ``axes`` (TrainConfig fields) and ``seeds`` over ``base`` fields, each in
+    ``out/<field>-<value>_..._seed-<seed>``. Configs are validated here, before anything runs."""
+    if not seeds:
+        raise ValueError("seeds is empty; give at least one seed")
+    runs = []
+    names = list(axes)
+    for combo in itertools.product(*(axes[n] for n in names), seeds):
+        values = {**dict(zip(names, combo[:-1], strict=True)), "seed": combo[-1]}
+        folder = "_".join(f"{k}-{_slug(v)}" for k, v in values.items())
+        fields = {**base, **values, "out": str(Path(out) / folder), "progress": False}
+        runs.append(GridRun(values, build_config(TrainConfig, fields)))
+    return runs
+
+
+def is_finished(run: GridRun) -> bool:
+    try:
+        return read_run_info(run.run_dir).status == schema.STATUS_FINISHED
+    except RunError:
+        return False
+
+
+def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = print) -> list[Path]:
+    """Train every run that has not finished (an unfinished folder is started over); returns the run folders."""
+    for i, run in enumerate(runs, start=1):
+        if is_finished(run):
+            continue
+        log(f"[{i}/{len(runs)}] {run.run_dir.name}")
+        overwrite = (run.run_dir / schema.RUN_JSON).is_file()
+        train(build_config(TrainConfig, {**_fields(run.config), "overwrite": overwrite}), log=lambda s: None)
+    return [run.run_dir for run in runs]
+
+
+def _fields(config: TrainConfig) -> dict[str, Any]:
+    from moestab.configs import config_to_dict
+
+    return config_to_dict(config)
+
+
+def grid_metrics(runs: Sequence[GridRun]) -> pd.DataFrame:
+    """metrics.jsonl of every run, one row per step, with the run's axis values as columns."""
+    frames = [load_metrics(run.run_dir).assign(**run.values) for run in runs]
+    return pd.concat(frames, ignore_index=True)
