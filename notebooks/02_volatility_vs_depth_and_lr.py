@@ -1,0 +1,135 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # 02 · One-step routing volatility: how it compounds over depth, and how it grows with lr and updates
+#
+# The R3 paper reports that after one update 10% of routers change their experts but 94% of tokens have at
+# least one changed layer: small per-router changes compound over depth. The GSPO paper reports that the
+# experts chosen for the same tokens drift with every gradient update. This notebook measures both on the
+# embedded policy with the step probes (`moestab.probes.depth`, `moestab.probes.step_volatility`): one GRPO step
+# of `moestab train` (32 prompts x 8 samples, arithmetic), replay off, from warm-started bases.
+# Claims checked (docs/findings.md): **4**, tokens with >= 1 flipped layer >> per-router flip rate; **2**, the
+# first minibatch's drift is 0 and later minibatches drift more, rising with index and lr.
+
+# %% tags=["parameters"]
+SIZE = "full"  # "smoke": fresh weights, 2 depths, 1 seed, to check the notebook runs; "full": docs/findings.md
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from moestab.experiments.figures import plot_mean_sd
+from moestab.probes.depth import depth
+from moestab.probes.one_step import StepRecipe
+from moestab.probes.step_volatility import step_volatility
+from moestab.tasks import task_from_spec
+from moestab.train import TrainConfig
+from moestab.train.loop import base_policy_path
+
+hf_logging.disable_progress_bar()
+if SIZE == "smoke":  # a random policy earns no arithmetic reward; smoke uses a reward that varies anyway
+    Path("smoke_reward.py").write_text("def parity(prompt, completion, answer):\n    return float(len(completion) % 2)\n")
+P = {"smoke": dict(layers=[2, 4], seeds=[0], lrs=[1e-3], minibatch_counts=[1, 2], warm_start=False,
+                   task="arithmetic:reward=smoke_reward.py:parity"),
+     "full": dict(layers=[2, 4, 8, 16], seeds=[0, 1], lrs=[2e-4, 5e-4, 1e-3], minibatch_counts=[1, 2, 4],
+                  warm_start=True, task="arithmetic")}[SIZE]
+P
+
+# %% [markdown]
+# ## Depth: one update (minibatches = 1, lr 2e-4, `moestab train`'s default) at each depth
+#
+# Each depth is its own warm-started base (supervised until 40% greedy accuracy, as `moestab train` builds it,
+# cached), so the policies differ in more than depth; `warm_start_accuracy` shows where each started.
+
+# %%
+frames, layer_frames = [], []
+for seed in P["seeds"]:
+    recipe = StepRecipe(task=task_from_spec(P["task"]), seed=seed)
+    tables = depth(recipe, layers=P["layers"], lr=2e-4, warm_start=P["warm_start"])
+    frames.append(tables["depth"].assign(seed=seed))
+    layer_frames.append(tables["depth_by_layer"].assign(seed=seed))
+by_depth = pd.concat(frames, ignore_index=True)
+by_depth["compounding"] = by_depth.old_new_token_flip / by_depth.old_new_router_flip
+by_depth.groupby("depth")[["old_new_router_flip", "old_new_token_flip", "compounding", "warm_start_accuracy"]].agg(
+    ["mean", "std"]).round(4)
+
+# %%
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+plot_mean_sd(ax[0], by_depth, "depth", "old_new_router_flip", label="routers flipped")
+plot_mean_sd(ax[0], by_depth, "depth", "old_new_token_flip", label="tokens with >= 1 flipped layer")
+ax[0].set(xscale="log", xticks=P["layers"], xticklabels=P["layers"], ylabel="share, old -> new",
+          title="one update: per router vs per token")
+ax[0].legend()
+per_layer = pd.concat(layer_frames, ignore_index=True).groupby(["depth", "layer"]).changed.mean().reset_index()
+for n, rows in per_layer.groupby("depth"):
+    ax[1].plot(rows.layer / max(rows.layer.max(), 1), rows.changed, marker="o", label=f"{n} layers")
+ax[1].set(xlabel="relative layer position (0 = first, 1 = last)", ylabel="changed (activated experts)",
+          title="change by layer")
+ax[1].legend()
+fig.tight_layout()
+
+# %% [markdown]
+# ## Learning rate and number of updates: one step from the 4-layer base
+
+# %%
+vol, by_mb = [], []
+for seed in P["seeds"]:
+    recipe = StepRecipe(task=task_from_spec(P["task"]), seed=seed)
+    if P["warm_start"]:
+        path, _ = base_policy_path(TrainConfig(seed=seed), recipe.task, log=lambda s: None)
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    else:
+        from moestab.models import build_embedded_policy
+
+        model, tokenizer = build_embedded_policy()
+    tables = step_volatility(model, tokenizer, recipe, lrs=P["lrs"], minibatch_counts=P["minibatch_counts"])
+    vol.append(tables["step_volatility"].assign(seed=seed))
+    by_mb.append(tables["step_volatility_by_minibatch"].assign(seed=seed))
+vol, by_mb = pd.concat(vol, ignore_index=True), pd.concat(by_mb, ignore_index=True)
+vol.groupby(["lr", "minibatches"])[["old_new_changed", "old_new_router_flip", "old_new_token_flip",
+                                    "ratio_token_log_var", "clip_token_frac"]].mean()
+
+# %%
+most = max(P["minibatch_counts"])
+drift = by_mb[by_mb.minibatches == most]
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+plot_mean_sd(ax[0], drift, "minibatch", "update_old_changed", by=["lr"])
+ax[0].set(title=f"drift from pi_old at each of {most} updates", xlabel="minibatch (0-based)",
+          ylabel="update -> old changed")
+ax[0].legend()
+plot_mean_sd(ax[1], vol, "minibatches", "old_new_changed", by=["lr"])
+ax[1].set(title="old -> new change after the step", ylabel="changed")
+ax[1].legend()
+fig.tight_layout()
+drift.groupby(["lr", "minibatch"]).update_old_changed.agg(["mean", "std"])
+
+# %% [markdown]
+# ## Reading
+#
+# Written from the full-size run (2 seeds; one GRPO step of 32 prompts x 8 samples from each warm-started base):
+#
+# - **Claim 4, direction reproduced, magnitude not.** One update flips few routers at every depth (2-4%), but the
+#   share of tokens with at least one flipped layer grows with depth, so the ratio of the two grows about
+#   linearly: 2.0 / 3.8 / 6.6 / 13.5 at 2 / 4 / 8 / 16 layers. At 16 layers 2.2% +- 1.5% of routers flipped and
+#   29% +- 17% of tokens had a flipped layer. The R3 paper's 10% vs 94% is for a much deeper and wider MoE; this
+#   policy's routers flip less and it has at most 16 layers.
+# - **Claim 2, reproduced for lr, mostly for the update index.** The first update's drift from pi_old is exactly 0
+#   in every setting (it updates from pi_old's own weights). Later updates drift 2-3% of the activated experts at
+#   lr 2e-4, 5-7% at 5e-4 and 9-14% at 1e-3: rising with lr. Within a step the fourth update drifts most, but the
+#   third is not always above the second (lr 2e-4: 2.5%, 2.2%, 3.0%; 2 seeds, sd about half the mean).
+# - The token log-ratio variance grows with both (0.10 at lr 2e-4 with 2 updates, 5.9 at 1e-3 with 4), and so
+#   does GRPO's clip fraction (6% to 19%).
+# - Caveats: each depth is a different warm-started base (greedy accuracy 42-54% at the start); this is the first
+#   RL step with a fresh optimizer, which moves routing more than the average step of a run (README: 0.36-0.77%
+#   drift per update over 60 steps at lr 2e-4).
