@@ -70,6 +70,7 @@ plot_mean_sd(ax[0], by_depth, "depth", "old_new_router_flip", label="routers fli
 plot_mean_sd(ax[0], by_depth, "depth", "old_new_token_flip", label="tokens with >= 1 flipped layer")
 ax[0].set(xscale="log", xticks=P["layers"], xticklabels=P["layers"], ylabel="share, old -> new",
           title="one update: per router vs per token")
+ax[0].minorticks_off()
 ax[0].legend()
 per_layer = pd.concat(layer_frames, ignore_index=True).groupby(["depth", "layer"]).changed.mean().reset_index()
 for n, rows in per_layer.groupby("depth"):
