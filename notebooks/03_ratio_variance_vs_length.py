@@ -1,0 +1,106 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # 03 · Ratio variance against response length: GSPO's sequence ratio vs the token-ratio product
+#
+# GSPO's sequence ratio is the length-normalised product of token ratios, `log s = mean_t log w_t`; the GSPO paper
+# (§4) argues this keeps its variance in check as responses grow, where the raw product `prod_t w_t` (what a
+# sequence-level objective without normalisation would use) does not. If the token log-ratios of a response were
+# independent with variance σ², `Var(log s) = σ²/|y|` falls as `1/|y|` and `Var(log prod) = |y| σ²` grows with
+# `|y|`. This notebook measures both on `sort:length=L` (responses of exactly L + 1 tokens) for L = 4 to 32: one
+# RL step (4 updates, lr 2e-4) from each length's warm-started base, with GSPO and with GRPO, reading
+# `ratio/seq_log_var` and `ratio/token_log_var` from the step's metrics (`moestab.probes.step_volatility`).
+# Claim checked (docs/findings.md): **6**.
+
+# %% tags=["parameters"]
+SIZE = "full"  # "smoke": untrained policies, 2 lengths, 1 seed; "full": docs/findings.md
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from moestab.experiments.figures import plot_mean_sd
+from moestab.probes.one_step import StepRecipe
+from moestab.probes.step_volatility import step_volatility
+from moestab.tasks import task_from_spec
+from moestab.train import TrainConfig
+from moestab.train.loop import base_policy_path
+
+hf_logging.disable_progress_bar()
+if SIZE == "smoke":  # an untrained policy earns no sort reward; smoke uses a reward that varies anyway
+    Path("smoke_reward.py").write_text("def parity(prompt, completion, answer):\n    return float(len(completion) % 2)\n")
+P = {"smoke": dict(lengths=[4, 8], seeds=[0], algos=["gspo"], base={"warm_start_max_steps": 0},
+                   reward=",reward=smoke_reward.py:parity"),
+     "full": dict(lengths=[4, 8, 16, 32], seeds=[0, 1], algos=["gspo", "grpo"], base={}, reward="")}[SIZE]
+P
+
+# %%
+rows = []
+for length in P["lengths"]:
+    task = f"sort:length={length}{P['reward']}"
+    for seed in P["seeds"]:
+        config = TrainConfig(task=task, seed=seed, max_zero_advantage_steps=0, **P["base"])
+        path, _ = base_policy_path(config, task_from_spec(task), log=lambda s: None)
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        for algo in P["algos"]:
+            recipe = StepRecipe(task=task_from_spec(task), algo=algo, seed=seed)
+            table = step_volatility(model, tokenizer, recipe, lrs=[2e-4], minibatch_counts=[4])["step_volatility"]
+            rows.append({"length": length, "tokens": length + 1, "seed": seed, "algo": algo,
+                         **table.iloc[0][["ratio_seq_log_var", "ratio_token_log_var", "reward_mean"]].to_dict()})
+variance = pd.DataFrame(rows)
+# A fixed response length |y| = L + 1: log prod = |y| log s, so Var(log prod) = |y|^2 Var(log s).
+variance["ratio_product_log_var"] = variance.tokens ** 2 * variance.ratio_seq_log_var
+variance.groupby(["algo", "tokens"])[["ratio_token_log_var", "ratio_seq_log_var", "ratio_product_log_var"]].mean()
+
+# %%
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
+for algo, rows_ in variance.groupby("algo"):
+    plot_mean_sd(ax[0], rows_, "tokens", "ratio_seq_log_var", label=f"{algo}: Var(log s)")
+    plot_mean_sd(ax[1], rows_, "tokens", "ratio_product_log_var", label=f"{algo}: Var(log prod w)")
+for a, title in zip(ax, ["GSPO's sequence ratio", "the token-ratio product"], strict=True):
+    a.set(xscale="log", yscale="log", xlabel="response tokens |y|", title=title)
+    a.minorticks_off()
+    a.set_xticks(sorted(variance.tokens.unique()), sorted(variance.tokens.unique()))
+    a.legend()
+fig.tight_layout()
+
+# %% [markdown]
+# Slopes of log-variance against log |y| (least squares over lengths, seed means): -1 is the independent-token
+# prediction for `Var(log s)`, +1 for `Var(log prod)`.
+
+# %%
+slopes = []
+for algo, rows_ in variance.groupby("algo"):
+    means = rows_.groupby("tokens")[["ratio_seq_log_var", "ratio_product_log_var", "ratio_token_log_var"]].mean()
+    x = np.log(means.index.to_numpy(dtype=float))
+    fit = {c: np.polyfit(x, np.log(means[c].to_numpy()), 1)[0] if len(x) > 1 else np.nan for c in means}
+    slopes.append({"algo": algo, **{f"slope {c}": v for c, v in fit.items()}})
+pd.DataFrame(slopes)
+
+# %% [markdown]
+# ## Reading
+#
+# Written from the full-size run (2 seeds; responses of 5, 9, 17 and 33 tokens; one step of 4 updates at lr 2e-4):
+#
+# - **Claim 6, reproduced in direction; the exponents differ from the independent-token prediction.** The
+#   variance of GSPO's sequence log-ratio falls with length, from 0.089 at 5 tokens to 0.0055 at 33 under GSPO
+#   (0.095 -> 0.0058 under GRPO): a slope of -1.39 (GSPO) / -1.36 (GRPO) in log-log, steeper than -1. The
+#   token-ratio product's log-variance grows, 2.2 -> 6.0 (GSPO): slope +0.61 / +0.64, below +1. The per-token
+#   variance itself hardly moves with length (slopes -0.1), so the steeper fall means a response's token
+#   log-ratios partly cancel (negatively correlated on average) rather than being independent.
+# - The two objectives give nearly the same variances after one step from the same base: at lr 2e-4 the ratio
+#   spread is set by how far the four updates move the policy, not by which objective moved it.
+# - Caveats: each length is its own warm-started base (`sort:length=L`, different tasks as well as lengths); 2
+#   seeds; the first minibatch's ratios are exactly 1 and are included in every variance alike.
