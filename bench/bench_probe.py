@@ -22,7 +22,7 @@ import torch
 from bench_train import interleave, med, ratio_row  # bench/ is the script's directory, hence on sys.path
 
 from moestab.models import EmbeddedModelSpec, build_embedded_policy
-from moestab.probes.collect import collect, tokenize_suite
+from moestab.probes.collect import collect, right_padded, tokenize_suite
 from moestab.probes.suites import load_suite
 
 
@@ -31,13 +31,7 @@ def plain(model, rows: list[list[int]], batch_size: int, pad: int) -> int:
     """The forwards and log-prob gather of ``collect`` without the recorder; returns the real tokens seen."""
     tokens = 0
     for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        width = max(map(len, batch))
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [b, seq]
-        mask = torch.zeros_like(ids)  # [b, seq]
-        for i, row in enumerate(batch):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
+        ids, mask = right_padded(rows[start : start + batch_size], pad)  # [b, seq] each
         logits = model(input_ids=ids, attention_mask=mask).logits  # [b, seq, vocab]
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None])  # [b, seq-1, 1]
         logp[mask[:, 1:].bool()].numpy()

@@ -14,20 +14,21 @@ one row per setting (mean over seeds) of what instability looks like:
     .venv/bin/python scripts/stress_sweep.py --grid small   # 12 runs: a check that the sweep works
     .venv/bin/python scripts/stress_sweep.py --grid full    # the sweep behind docs/stress.md
 
-Finished runs are reused (delete --out to start over); the table is also written to OUT/sweep.csv.
+Finished runs are reused and unfinished ones started over (moestab.experiments.grid; delete --out to start over);
+the table is also written to OUT/sweep.csv.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 from pathlib import Path
 
 import pandas as pd
 
+from moestab.experiments.grid import grid_runs, run_grid
+from moestab.models.spec import parse_model_spec
 from moestab.records.reader import load_metrics, read_run_info
-from moestab.train import TrainConfig, train
 
 # Each grid is a list of blocks; a block is the product of its lists. The full grid spends most of its budget
 # around the learning rates where the default task starts to break (2e-4 is the default and stable), and two
@@ -94,28 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for block in GRIDS[args.grid]:
-        for lr, layers, task, algo, replay in itertools.product(
-            block["lr"], block["layers"], block["task"], block["algo"], block["replay"]
-        ):
-            per_seed = []
-            for seed in block["seeds"]:
-                name = f"{task.split(':')[0]}-l{layers}-lr{lr:g}-{algo}-{replay}-seed{seed}"
-                out = args.out / name
-                if not (out / "run.json").is_file():
-                    config = TrainConfig(algo=algo, routing_replay=replay, model=f"embedded:layers={layers}",
-                                         task=task, lr=lr, steps=block["steps"], seed=seed, out=str(out),
-                                         rollout_dtype="bfloat16", threads=args.threads, progress=False,
-                                         cache_dir=args.cache_dir, max_zero_advantage_steps=0)
-                    train(config, log=lambda s: None)
-                per_seed.append(run_row(out, read_run_info(out).warm_start_accuracy))
-                print(f"done {name}", flush=True)
+        base = {"steps": block["steps"], "rollout_dtype": "bfloat16", "threads": args.threads,
+                "cache_dir": args.cache_dir, "max_zero_advantage_steps": 0}
+        axes = {"lr": block["lr"], "model": [f"embedded:layers={n}" for n in block["layers"]], "task": block["task"],
+                "algo": block["algo"], "routing_replay": block["replay"]}
+        runs = grid_runs(base, axes, block["seeds"], args.out)
+        run_grid(runs, log=lambda line: print(line, flush=True))
+        settings: dict[tuple, list[dict[str, float]]] = {}
+        for run in runs:
+            key = tuple(v for k, v in run.values.items() if k != "seed")
+            settings.setdefault(key, []).append(run_row(run.run_dir, read_run_info(run.run_dir).warm_start_accuracy))
+        for (lr, model, task, algo, replay), per_seed in settings.items():
             stats = {}
             for key in per_seed[0]:
                 values = [r[key] for r in per_seed]
                 stats[key] = statistics.mean(values)
                 stats[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else float("nan")
-            rows.append({"lr": lr, "layers": layers, "task": task, "steps": block["steps"], "algo": algo,
-                         "replay": replay, "seeds": len(per_seed), **stats})
+            rows.append({"lr": lr, "layers": parse_model_spec(model).num_layers, "task": task, "steps": block["steps"],
+                         "algo": algo, "replay": replay, "seeds": len(per_seed), **stats})
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "sweep.csv", index=False)

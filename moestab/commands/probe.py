@@ -72,14 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_out(path: Path | None, what: str) -> None:
-    if path is not None and path.exists() and not path.is_dir():
-        raise_error(f"{what} {path} exists and is not a folder")
-
-
-def raise_error(message: str) -> None:
     from moestab.probes.errors import ProbeError
 
-    raise ProbeError(message)
+    if path is not None and path.exists() and not path.is_dir():
+        raise ProbeError(f"{what} {path} exists and is not a folder")
 
 
 def run(args: argparse.Namespace) -> int:

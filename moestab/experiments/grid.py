@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from moestab.configs import build_config
+from moestab.configs import build_config, config_to_dict
 from moestab.records import schema
 from moestab.records.errors import RunError
 from moestab.records.reader import load_metrics, read_run_info
@@ -64,14 +64,8 @@ def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = print) -> 
             continue
         log(f"[{i}/{len(runs)}] {run.run_dir.name}")
         overwrite = (run.run_dir / schema.RUN_JSON).is_file()
-        train(build_config(TrainConfig, {**_fields(run.config), "overwrite": overwrite}), log=lambda s: None)
+        train(build_config(TrainConfig, {**config_to_dict(run.config), "overwrite": overwrite}), log=lambda s: None)
     return [run.run_dir for run in runs]
-
-
-def _fields(config: TrainConfig) -> dict[str, Any]:
-    from moestab.configs import config_to_dict
-
-    return config_to_dict(config)
 
 
 def grid_metrics(runs: Sequence[GridRun]) -> pd.DataFrame:

@@ -58,6 +58,17 @@ def tokenize_suite(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max
 _FIELDS = ("routes", "margin", "logp", "text", "position")
 
 
+def right_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id rows right-padded to the longest: ``ids`` and ``attention_mask``, both ``[rows, longest]``."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [b, seq]
+    mask = torch.zeros_like(ids)  # [b, seq]
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def _record_batch(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, first_text: int) -> dict:
     """One batch's part of a :class:`ProbeRecord` (any padding side), plus its layers and expert count."""
@@ -149,13 +160,7 @@ def collect(
     parts = []
     try:
         for start in _batches(range(0, len(rows), batch_size), progress):
-            batch = rows[start : start + batch_size]
-            width = max(map(len, batch))
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [b, seq]
-            mask = torch.zeros_like(ids)  # [b, seq]
-            for i, row in enumerate(batch):
-                ids[i, : len(row)] = torch.tensor(row)
-                mask[i, : len(row)] = 1
+            ids, mask = right_padded(rows[start : start + batch_size], pad)
             parts.append(_record_batch(model, ids.to(device), mask.to(device), start))
     finally:
         model.train(was_training)

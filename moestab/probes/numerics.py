@@ -17,16 +17,13 @@ def numerics(
     """``{label: comparison}``: ``dtypes[1]`` against ``dtypes[0]`` (both batched), and one sequence at a time
     against batched in ``dtypes[0]``. The reference side (margins, log-prob baseline) is ``dtypes[0]`` batched."""
     reference, other = dtypes
-    records = {}
-    for dtype, size in ((reference, batch_size), (other, batch_size), (reference, 1)):
-        if (dtype, size) in records:
-            continue
+
+    def record(dtype: str, size: int):  # a fresh load and forward each time, even when two sides share a dtype
         model, tokenizer = load_checkpoint(checkpoint, dtype=dtype, device=device)
-        records[dtype, size] = collect(model, tokenizer, texts, batch_size=size, max_tokens=max_tokens,
-                                       progress=progress)
-        del model
-    base = records[reference, batch_size]
+        return collect(model, tokenizer, texts, batch_size=size, max_tokens=max_tokens, progress=progress)
+
+    base = record(reference, batch_size)
     return {
-        f"{other} vs {reference} (batch {batch_size})": compare_records(base, records[other, batch_size]),
-        f"one sequence at a time vs batch {batch_size} ({reference})": compare_records(base, records[reference, 1]),
+        f"{other} vs {reference} (batch {batch_size})": compare_records(base, record(other, batch_size)),
+        f"one sequence at a time vs batch {batch_size} ({reference})": compare_records(base, record(reference, 1)),
     }
