@@ -22,6 +22,8 @@
 SIZE = "full"  # "smoke": untrained policy, 3 steps, 1 seed; "full": 3 seeds x 60 steps
 
 # %%
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -125,6 +127,83 @@ claim10 = {c: float(rspo[c].mean()) for c in gamma_cols}
 claim10["corr(gamma_mean, old->new router flip) over steps"] = float(
     np.corrcoef(rspo["loss/rspo/gamma_mean"], rspo["routing/old_new/router_flip"])[0, 1])
 claim7, claim10
+
+# %% [markdown]
+# ## The stress regime: where training degrades, when and how
+#
+# The same grid {GRPO, GSPO} x {off, R2, R3} on `configs/stress.yaml`, the setting of the stress sweep
+# (docs/stress.md) where token-level GRPO broke: the 8-layer policy at lr 1e-3 for 40 steps, bf16 rollouts,
+# evaluated every 10 steps. A run *collapses* when eval accuracy falls more than 10 points below its start; a
+# gradient *spike* is a step whose largest minibatch gradient norm exceeds 3x the run's median
+# (`moestab.experiments.stability`).
+
+# %%
+import moestab
+from moestab.configs import load_yaml
+from moestab.experiments.stability import run_stability
+
+STRESS_YAML = Path(moestab.__file__).resolve().parents[1] / "configs" / "stress.yaml"
+S = {"smoke": dict(seeds=[0], steps=2, base={"warm_start_max_steps": 0}),
+     "full": dict(seeds=[0, 1, 2], steps=40, base={})}[SIZE]
+shipped = {k: v for k, v in load_yaml(STRESS_YAML).items() if k not in ("algo", "routing_replay", "out", "steps")}
+STRESS = {**shipped, "steps": S["steps"], "eval_every": 10, "threads": 2, **S["base"]}
+stress = grid_runs(STRESS, {"algo": ["grpo", "gspo"], "routing_replay": ["off", "old", "rollout"]}, S["seeds"],
+                   f"{OUT}/stress")
+run_grid(stress)
+sm = grid_metrics(stress)
+STRESS
+
+# %%
+fig, ax = plt.subplots(2, 3, figsize=(14, 6.4))
+panels = ["eval/accuracy", "reward/mean", "grad_norm_max", "ratio/token_log_var", "routing/old_new/router_flip",
+          "response/length_mean"]
+for a, key in zip(ax.flat, panels, strict=True):
+    plot_mean_sd(a, sm.dropna(subset=[key]), "step", key, by=["algo", "routing_replay"])
+ax.flat[0].legend(fontsize=7)
+fig.suptitle("configs/stress.yaml: mean +- sd over seeds")
+fig.tight_layout()
+
+# %% [markdown]
+# When and how: per run, the step eval accuracy first fell more than 10 points below its start (`collapse_step`,
+# at eval resolution), the first gradient spike, and the step where the 5-step rolling mean reward peaked.
+
+# %%
+stab = pd.DataFrame([{**run.values, **run_stability(run.run_dir)} for run in stress])
+when = ["start_acc", "final_acc", "collapse", "collapse_step", "first_spike_step", "peak_reward_step",
+        "grad_spikes", "ratio_log_var", "clip_later", "vol"]
+stab.groupby(["algo", "routing_replay"])[when].agg(["mean", "std"]).round(3)
+
+# %% [markdown]
+# ## Ratio distributions (stress grid, every token of minibatches 2-4)
+#
+# log w per token (histogram: seeds pooled) and, in the table, the quantiles of log w and of log s per sequence
+# (GSPO's length-normalised sequence ratio), mean +- sd over seeds. The first minibatch of every step has
+# log w = 0 exactly and is left out (`minibatch > 0`).
+
+# %%
+from moestab.analysis.ratios import histogram, ratio_quantiles
+from moestab.records.reader import load_tokens
+
+tokens, quantiles = {}, []
+for run in stress:
+    t = load_tokens(run.run_dir, columns=["step", "seq", "minibatch", "log_w", "clipped"])
+    t = t[t.minibatch > 0]
+    quantiles.append(ratio_quantiles(t).assign(**run.values))
+    key = (run.values["algo"], run.values["routing_replay"])
+    tokens[key] = pd.concat([tokens[key], t]) if key in tokens else t
+quantiles = pd.concat(quantiles).groupby(["algo", "routing_replay", "quantity"]).agg(["mean", "std"])
+limit = max(float(t.log_w.abs().quantile(0.999)) for t in tokens.values())
+fig, ax = plt.subplots(1, 2, figsize=(12, 3.6), sharey=True)
+for a, algo in zip(ax, ["grpo", "gspo"], strict=True):
+    for (name, replay), t in tokens.items():
+        if name == algo:
+            h = histogram(t.log_w.to_numpy(), bins=80, limit=limit)
+            a.step(h.left, h["count"] / h["count"].sum(), where="post", label=f"replay={replay}")
+    a.set(yscale="log", xlabel="log w (token)", title=algo)
+ax[0].set_ylabel("share of tokens")
+ax[0].legend(fontsize=7)
+fig.tight_layout()
+quantiles[["std", "q0.01", "q0.99", "min", "max"]].round(4)
 
 # %% [markdown]
 # ## Reading

@@ -27,8 +27,8 @@ from pathlib import Path
 import pandas as pd
 
 from moestab.experiments.grid import grid_runs, run_grid
+from moestab.experiments.stability import run_stability
 from moestab.models.spec import parse_model_spec
-from moestab.records.reader import load_metrics, read_run_info
 
 # Each grid is a list of blocks; a block is the product of its lists. The full grid spends most of its budget
 # around the learning rates where the default task starts to break (2e-4 is the default and stable), and two
@@ -48,22 +48,13 @@ GRIDS = {
 }
 
 
-def run_row(out: Path, start_accuracy: float | None) -> dict[str, float]:
-    m = load_metrics(out)
-    info = read_run_info(out)
-    quarter = max(1, len(m) // 4)
-    grad = m["grad_norm_max"]
-    return {
-        "final_acc": info.final_accuracy,
-        "reward_gain": m["reward/mean"].iloc[-quarter:].mean() - m["reward/mean"].iloc[:quarter].mean(),
-        "ratio_log_var": m["ratio/token_log_var"].mean(),
-        "clip_later": m["clip/token_frac_later"].mean(),
-        "grad_spikes": float((grad > 3 * grad.median()).sum()),
-        "collapse": float(start_accuracy is not None and info.final_accuracy is not None
-                          and info.final_accuracy < start_accuracy - 0.10),
-        "vol": m["routing/old_new/changed"].mean(),
-        "rollout_flip": m["routing/rollout_old_free/router_flip"].mean(),
-    }
+# The columns of docs/stress.md, in order (moestab.experiments.stability.run_stability defines each).
+COLUMNS = ("final_acc", "reward_gain", "ratio_log_var", "clip_later", "grad_spikes", "collapse", "vol", "rollout_flip")
+
+
+def run_row(out: Path) -> dict[str, float]:
+    measures = run_stability(out)
+    return {c: measures[c] for c in COLUMNS}
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -104,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         settings: dict[tuple, list[dict[str, float]]] = {}
         for run in runs:
             key = tuple(v for k, v in run.values.items() if k != "seed")
-            settings.setdefault(key, []).append(run_row(run.run_dir, read_run_info(run.run_dir).warm_start_accuracy))
+            settings.setdefault(key, []).append(run_row(run.run_dir))
         for (lr, model, task, algo, replay), per_seed in settings.items():
             stats = {}
             for key in per_seed[0]:

@@ -12,8 +12,11 @@ from pathlib import Path
 SIZES = ("smoke", "full")
 
 
-def execute_notebook(source: str | Path, size: str, *, cwd: str | Path, timeout: int = 1800):
-    """The executed notebook (an ``nbformat`` node) of ``source`` at ``size``."""
+def execute_notebook(source: str | Path, size: str, *, cwd: str | Path, timeout: int | None = None):
+    """The executed notebook (an ``nbformat`` node) of ``source`` at ``size``.
+
+    ``timeout``: seconds one cell may run (None: no limit; a full-size grid cell trains dozens of runs).
+    """
     import jupytext
     import nbformat
     from nbclient import NotebookClient

@@ -13,7 +13,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.p
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_at_smoke_size(source, tmp_path, monkeypatch):
     monkeypatch.setenv("MOESTAB_CACHE", str(tmp_path / "cache"))  # the kernel inherits it: nothing shared
-    notebook = execute_notebook(source, "smoke", cwd=tmp_path)  # raises on any cell error
+    notebook = execute_notebook(source, "smoke", cwd=tmp_path, timeout=600)  # raises on any cell error
     injected = [c for c in notebook.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert [c.source for c in injected] == ["SIZE = 'smoke'"]
     code = [c for c in notebook.cells if c.cell_type == "code"]
