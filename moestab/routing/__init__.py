@@ -6,13 +6,23 @@ Public API:
 - ``RoutingReplay(model, routes, force_gates=False)``: context manager forcing ``routes`` in every router
   (with ``force_gates``, their recorded gate weights too: "Total Router Recall").
 - ``Routes``: ``indices [batch, seq, layers, top_k]`` int16 (-1 at padding) plus optional stats and gates.
-- ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support.
-- Errors: ``RoutingError``, ``NotAnMoEModelError``, ``RoutesMismatchError``, ``RecordingError``.
+- ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support (docs/families.md); each router is
+  checked against its adapter on the model itself (``moestab.routing.verify``).
+- Errors: ``RoutingError``, ``NotAnMoEModelError`` (and its ``UnsupportedRoutingError``, ``RouterClassMissingError``),
+  ``AdapterMismatchError``, ``RoutesMismatchError``, ``RecordingError``.
 """
 
 from moestab.routing.adapters import ADAPTERS, SUPPORTED_FAMILIES, RouterAdapter
 from moestab.routing.discovery import RouterSite, find_routers
-from moestab.routing.errors import NotAnMoEModelError, RecordingError, RoutesMismatchError, RoutingError
+from moestab.routing.errors import (
+    AdapterMismatchError,
+    NotAnMoEModelError,
+    RecordingError,
+    RouterClassMissingError,
+    RoutesMismatchError,
+    RoutingError,
+    UnsupportedRoutingError,
+)
 from moestab.routing.recorder import RoutingRecorder
 from moestab.routing.replay import RoutingReplay
 from moestab.routing.routes import Routes, gather_router_logprobs
@@ -20,15 +30,18 @@ from moestab.routing.routes import Routes, gather_router_logprobs
 __all__ = [
     "ADAPTERS",
     "SUPPORTED_FAMILIES",
+    "AdapterMismatchError",
     "NotAnMoEModelError",
     "RecordingError",
     "RouterAdapter",
+    "RouterClassMissingError",
     "RouterSite",
     "Routes",
     "RoutesMismatchError",
     "RoutingError",
     "RoutingRecorder",
     "RoutingReplay",
+    "UnsupportedRoutingError",
     "find_routers",
     "gather_router_logprobs",
 ]

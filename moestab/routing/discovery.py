@@ -1,14 +1,22 @@
-"""Finding the MoE routers of a Hugging Face model."""
+"""Finding the MoE routers of a Hugging Face model, and refusing the ones moestab cannot adapt exactly."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+import transformers
 from torch import nn
 
-from moestab.routing.adapters import SUPPORTED_FAMILIES, RouterAdapter, adapter_for
-from moestab.routing.errors import NotAnMoEModelError
+from moestab.routing.adapters import (
+    SUPPORTED_FAMILIES,
+    RouterAdapter,
+    adapter_for,
+    missing_router_class,
+    unsupported_for,
+)
+from moestab.routing.errors import NotAnMoEModelError, RouterClassMissingError, UnsupportedRoutingError
+from moestab.routing.verify import verify_router
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -22,15 +30,35 @@ class RouterSite:
     module: nn.Module
     adapter: RouterAdapter
     layer: int
-    """Decoder-layer index (DeepSeek-V3's dense first layers make this differ from the MoE ordinal)."""
+    """Decoder-layer index (dense first layers and hybrid stacks make this differ from the MoE ordinal)."""
     num_experts: int
     top_k: int
 
 
-def find_routers(model: nn.Module) -> list[RouterSite]:
-    """Every MoE router of ``model`` in forward order; raises ``NotAnMoEModelError`` if there is none."""
+def _model_types(model: nn.Module) -> list[str]:
+    config = getattr(model, "config", None)
+    types = [getattr(config, "model_type", None)]
+    text = getattr(config, "text_config", None)
+    types.append(getattr(text, "model_type", None))
+    return [t for t in types if t]
+
+
+def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
+    """Every MoE router of ``model`` in forward order.
+
+    Raises ``UnsupportedRoutingError`` for a family whose routing cannot be forced exactly (the reason is in the
+    message), ``RouterClassMissingError`` when the model's family is supported but this transformers build lacks
+    the router class moestab expects, ``NotAnMoEModelError`` when there is no router at all, and, with ``verify``,
+    ``AdapterMismatchError`` when a family's adapter does not reproduce its router (``moestab.routing.verify``).
+    """
     sites = []
     for name, module in model.named_modules():
+        unsupported = unsupported_for(module)
+        if unsupported is not None:
+            raise UnsupportedRoutingError(
+                f"{type(model).__name__} is a {unsupported.family} model, whose routing moestab cannot record and "
+                f"replay exactly: {unsupported.reason} (module {name})"
+            )
         adapter = adapter_for(module)
         if adapter is None:
             continue
@@ -38,6 +66,14 @@ def find_routers(model: nn.Module) -> list[RouterSite]:
         layer = int(match.group(1)) if match else len(sites)
         sites.append(RouterSite(name, module, adapter, layer, adapter.num_experts(module), adapter.top_k(module)))
     if not sites:
+        for model_type in _model_types(model):
+            adapter = missing_router_class(model_type)
+            if adapter is not None:
+                raise RouterClassMissingError(
+                    f"{type(model).__name__} is a {adapter.family} model, a family moestab supports, but transformers "
+                    f"{transformers.__version__} has no router class {adapter.router_class} (renamed or removed?); "
+                    f"moestab {adapter.family} support was written against the class of that name"
+                )
         raise NotAnMoEModelError(
             f"{type(model).__name__} has no Mixture-of-Experts router that moestab recognises; "
             f"supported families: {', '.join(SUPPORTED_FAMILIES)} (transformers v5 implementations)"
@@ -45,4 +81,7 @@ def find_routers(model: nn.Module) -> list[RouterSite]:
     top_ks = {s.top_k for s in sites}
     if len(top_ks) != 1:
         raise NotAnMoEModelError(f"routers disagree on top_k ({sorted(top_ks)}); mixed top-k is unsupported")
+    if verify:
+        for site in sites:
+            verify_router(site.adapter, site.module, site.name)
     return sorted(sites, key=lambda s: s.layer)

@@ -17,3 +17,15 @@ class RoutesMismatchError(RoutingError, ValueError):
 
 class RecordingError(RoutingError, RuntimeError):
     """A forward could not be recorded (e.g. router called with an unexpected token count)."""
+
+
+class AdapterMismatchError(RoutingError, RuntimeError):
+    """A family's adapter does not reproduce its router's own output (the family's math changed)."""
+
+
+class UnsupportedRoutingError(NotAnMoEModelError):
+    """The model is an MoE whose routing cannot be forced exactly (hash routing, capacity dropping, ...)."""
+
+
+class RouterClassMissingError(NotAnMoEModelError):
+    """The model's family is supported, but this transformers build has no router class by the expected name."""

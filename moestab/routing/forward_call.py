@@ -35,6 +35,11 @@ def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardC
 
     cache = kwargs.get("past_key_values")
     past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    positions = kwargs.get("position_ids")
+    if cache is not None and past == 0 and isinstance(positions, torch.Tensor) and positions.numel():
+        # Some hybrid caches (MiniMax) report length 0 when their first layer is linear attention: a cached call
+        # whose every position is past 0 is still a continuation.
+        past = int(positions.min())
 
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:

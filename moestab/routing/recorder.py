@@ -24,6 +24,7 @@ class _Frame:
     rows: torch.Tensor | None  # [kept] rows of the batch being recorded; None = all
     indices: list[torch.Tensor | None]  # per layer [kept, seq, top_k]
     logits: list[torch.Tensor | None]  # per layer [kept, seq, experts], kept only when stats are asked
+    scores: list[torch.Tensor | None]  # per layer [kept, seq, experts] selection scores, kept only for margins
     slot_scores: list[torch.Tensor | None]  # per layer [kept, seq, top_k], kept only when asked
     gates: list[torch.Tensor | None]  # per layer [kept, seq, top_k] float32, kept only when asked
 
@@ -147,7 +148,7 @@ class RoutingRecorder:
             self._segments.append(segment)
             self._rows_seen += call.batch
         n = len(self.sites)
-        self._frame = _Frame(call, segment.rows, [None] * n, [None] * n, [None] * n, [None] * n)
+        self._frame = _Frame(call, segment.rows, *([None] * n for _ in range(5)))
         self._routes = None
 
     def _sample_rows(self, batch: int) -> torch.Tensor | None:
@@ -164,7 +165,7 @@ class RoutingRecorder:
                 return  # router called outside a top-level forward (see class docstring)
             if frame.indices[ordinal] is not None:
                 raise RecordingError(f"router {site.name} ran twice in one forward")
-            logits, weights, chosen = output[0], output[1], output[2]  # [N, experts], [N, top_k], [N, top_k]
+            logits, weights, chosen = site.adapter.read(output, site.top_k)  # [N, experts], [N, top_k], [N, top_k]
             batch, seq = frame.call.batch, frame.call.seq
             if chosen.shape[0] != batch * seq:
                 raise RecordingError(
@@ -173,10 +174,15 @@ class RoutingRecorder:
             rows = frame.rows
             idx = chosen.view(batch, seq, -1)  # [batch, seq, top_k]
             frame.indices[ordinal] = idx if rows is None else idx[rows.to(idx.device)]
-            if self.record_slot_scores:
-                scores = site.adapter.selection_scores(module, logits.detach()).gather(-1, chosen)  # [N, top_k]
-                scores = scores.float().view(batch, seq, -1)  # [batch, seq, top_k]
-                frame.slot_scores[ordinal] = scores if rows is None else scores[rows.to(scores.device)]
+            if self.record_slot_scores or self.record_margin:
+                # The ranking the family used; some families take their correction bias as a forward argument.
+                scores = site.adapter.selection_scores(module, logits.detach(), args)  # [N, experts]
+                if self.record_margin:
+                    full = scores.view(batch, seq, -1)  # [batch, seq, experts]
+                    frame.scores[ordinal] = full if rows is None else full[rows.to(full.device)]
+                if self.record_slot_scores:
+                    slot = scores.gather(-1, chosen).float().view(batch, seq, -1)  # [batch, seq, top_k]
+                    frame.slot_scores[ordinal] = slot if rows is None else slot[rows.to(slot.device)]
             if self.record_gates:
                 # The router's own output, what its experts are weighted by: no family's math is redone here.
                 gates = weights.detach().float().view(batch, seq, -1)  # [batch, seq, top_k]
@@ -209,7 +215,7 @@ class RoutingRecorder:
                 indices = indices.masked_fill(pad[:, :, None, None], -1)
             margin = entropy = confidence = logprobs = slot_scores = gates = None
             if self._wants_logits:
-                margin, entropy, confidence, logprobs = self._stats(frame.logits, indices, pad)
+                margin, entropy, confidence, logprobs = self._stats(frame.logits, frame.scores, indices, pad)
             if self.record_slot_scores:
                 slot_scores = torch.stack(frame.slot_scores, dim=2)  # [kept, seq, layers, top_k]
                 if pad is not None:
@@ -233,7 +239,11 @@ class RoutingRecorder:
         )
 
     def _stats(
-        self, per_layer: list[torch.Tensor | None], indices: torch.Tensor, pad: torch.Tensor | None
+        self,
+        per_layer: list[torch.Tensor | None],
+        per_layer_scores: list[torch.Tensor | None],
+        indices: torch.Tensor,
+        pad: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, ...]:
         """Margin, entropy, confidence and log-softmax of all layers' router logits at once (NaN at padding).
 
@@ -242,13 +252,7 @@ class RoutingRecorder:
         logits = torch.stack(per_layer, dim=2).float()  # [kept, seq, layers, experts]
         margin = entropy = confidence = logprobs = None
         if self.record_margin:
-            scores = torch.stack(
-                [
-                    site.adapter.selection_scores(site.module, layer_logits.flatten(0, 1)).view_as(layer_logits)
-                    for site, layer_logits in zip(self.sites, per_layer, strict=True)
-                ],
-                dim=2,
-            )  # [kept, seq, layers, experts]
+            scores = torch.stack(per_layer_scores, dim=2)  # [kept, seq, layers, experts]
             margin = _margin(scores, self.sites[0].top_k)  # [kept, seq, layers]
         if self.record_entropy or self.record_logprobs:
             logp = torch.log_softmax(logits, dim=-1)  # [kept, seq, layers, experts]

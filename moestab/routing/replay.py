@@ -36,6 +36,11 @@ class RoutingReplay:
     def __init__(self, model: nn.Module, routes: Routes, *, force_gates: bool = False) -> None:
         self.model = model
         self.sites: list[RouterSite] = find_routers(model)
+        if model.training:
+            for site in self.sites:
+                if site.adapter.training_replay is not None:
+                    raise RoutesMismatchError(f"cannot replay {site.adapter.family} in training mode: "
+                                              f"{site.adapter.training_replay}")
         model_layers = tuple(s.layer for s in self.sites)
         if routes.layers != model_layers:
             raise RoutesMismatchError(
@@ -111,25 +116,26 @@ class RoutingReplay:
         self._forced = forced.flatten(0, 1)  # [batch*seq, layers, top_k]
 
     def _router_hook(self, ordinal: int, site: RouterSite):
-        gates = site.adapter.gates
+        adapter = site.adapter
 
-        def hook(module: nn.Module, args: tuple[Any, ...], output: tuple[torch.Tensor, ...]):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any):
             forced = self._forced
             if forced is None:
                 raise RoutesMismatchError(f"router {site.name} ran outside a forward of the replayed model")
-            logits, own_gates, own = output[0], output[1], output[2]  # [N, experts], [N, top_k], [N, top_k]
+            logits, own_gates, own = adapter.read(output, site.top_k)  # [N, experts], [N, top_k], [N, top_k]
             if own.shape[0] != forced.shape[0]:
                 raise RoutesMismatchError(
                     f"router {site.name} saw {own.shape[0]} tokens, routes cover {forced.shape[0]}"
                 )
             keep_own = forced[:, ordinal] < 0  # [N, top_k] padding: the router's own choice
-            chosen = torch.where(keep_own, own, forced[:, ordinal])  # [N, top_k]
+            chosen = torch.where(keep_own, own, forced[:, ordinal].to(own.dtype))  # [N, top_k]
             if self._forced_gates is None:
-                return logits, gates(module, logits, chosen), chosen
-            # Cast to the dtype the family hands its experts (float32 for Mixtral / DeepSeek-V3).
+                # Cast to the dtype the family hands its experts (e.g. float32 for Mixtral / DeepSeek-V3).
+                gates = adapter.gates(module, logits, chosen).to(own_gates.dtype)  # [N, top_k]
+                return adapter.write(output, logits, gates, chosen)
             recorded = self._forced_gates[:, ordinal].to(own_gates.dtype)  # [N, top_k]
             frozen = torch.where(keep_own, own_gates.detach(), recorded)  # [N, top_k]
-            return logits.detach(), frozen, chosen
+            return adapter.write(output, logits.detach(), frozen, chosen)
 
         return hook
 

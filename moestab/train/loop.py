@@ -166,6 +166,11 @@ def train(
     if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):
         raise ConfigError(f"router_aux_loss_coef: {model.config.model_type} has no load-balancing loss (it balances "
                           "its experts otherwise, e.g. DeepSeek-V3's selection bias); leave it at 0")
+    if config.routing_replay != "off":
+        for site in find_routers(model, verify=False):
+            if site.adapter.training_replay is not None:
+                raise ConfigError(f"routing_replay: {config.routing_replay!r} cannot be exact for "
+                                  f"{site.adapter.family}: {site.adapter.training_replay}; use --routing-replay off")
     settings = step_settings(config, max_new)
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state

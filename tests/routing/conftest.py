@@ -1,11 +1,11 @@
 import pytest
 
-from moestab.models.families import TINY_CONFIGS
+from moestab.models.families import CORE_FAMILIES
 
 from .helpers import make_model
 
 
-@pytest.fixture(params=sorted(TINY_CONFIGS))
+@pytest.fixture(params=sorted(CORE_FAMILIES))
 def family(request) -> str:
     return request.param
 

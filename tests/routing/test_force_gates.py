@@ -15,7 +15,7 @@ from torch import nn
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from moestab.models.families import TINY_CONFIGS
+from moestab.models.families import CORE_FAMILIES
 from moestab.routing import Routes, RoutesMismatchError, RoutingRecorder, RoutingReplay, find_routers
 
 from .helpers import batch, make_model
@@ -23,7 +23,7 @@ from .helpers import batch, make_model
 # Every family computes its gates in float32 (or in the model's dtype) and float32 holds them exactly,
 # except GPT-OSS in a float64 model: its softmax runs in float64, and float32 rounds each gate by up to
 # 2^-24 relative, which moves the logits by ~1e-7 here.
-REPLAY_TOLERANCE = {family: 1e-10 for family in TINY_CONFIGS} | {"gpt_oss": 1e-6}
+REPLAY_TOLERANCE = {family: 1e-10 for family in CORE_FAMILIES} | {"gpt_oss": 1e-6}
 
 
 def reference_gates(family: str, router: nn.Module, logits: list[float], chosen: list[int]) -> list[float]:
@@ -99,7 +99,7 @@ def test_force_gates_replay_reproduces_the_recorded_forward(family, model):
     assert (forced - recorded)[real].abs().max() <= REPLAY_TOLERANCE[family]
 
 
-@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("family", sorted(CORE_FAMILIES))
 def test_force_gates_replay_is_bit_for_bit_in_float32(family):
     # In float32 every family's gates are float32 values: replaying them gives the very same forward.
     model = make_model(family, dtype=torch.float32)

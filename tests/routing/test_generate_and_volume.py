@@ -77,5 +77,5 @@ def test_dense_model_gets_a_clear_error():
     dense = AutoModelForCausalLM.from_config(
         LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     )
-    with pytest.raises(NotAnMoEModelError, match="supported families: qwen3_moe, qwen2_moe, olmoe, mixtral"):
+    with pytest.raises(NotAnMoEModelError, match=r"supported families: qwen3_moe, qwen2_moe, olmoe, .*mixtral"):
         RoutingRecorder(dense)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from moestab.models.families import TINY_CONFIGS, tiny_config
+from moestab.models.families import CORE_FAMILIES, tiny_config
 from moestab.routing import RoutingRecorder, find_routers
 
 from .helpers import batch
@@ -76,7 +76,7 @@ def record_with_router_outputs(model, ids, mask, **recorder_args):
     return rec.routes, own, logits
 
 
-@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("family", sorted(CORE_FAMILIES))
 def test_slot_scores_are_the_selection_scores_and_ranking_puts_the_best_expert_first(family):
     model = make_wide_model(family)
     ids, mask = batch(batch_size=4, seq=16)
@@ -113,7 +113,7 @@ def test_ranking_needs_recorded_scores():
         routes.ranked()
 
 
-@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("family", sorted(CORE_FAMILIES))
 def test_recording_slot_scores_leaves_the_forward_unchanged(family):
     model = make_wide_model(family, dtype=torch.float32)
     ids, mask = batch()
@@ -187,7 +187,7 @@ def test_generate_records_the_same_scores_and_ranking_as_teacher_forcing_on_deep
     torch.testing.assert_close(generated.slot_scores[real], forced.slot_scores[real], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("family", sorted(CORE_FAMILIES))
 def test_routing_confidence_is_the_softmax_mass_on_the_chosen_experts(family):
     model = make_wide_model(family)
     ids, mask = batch()

@@ -1,0 +1,138 @@
+"""Every supported MoE family (44 in transformers 5.23): exact record / replay, gradients, generate(), refusals.
+
+The measurements come from ``moestab.models.conformance``, which also writes docs/families.md
+(scripts/families_table.py), so the table and these tests cannot disagree.
+"""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from moestab.models.conformance import family_report, tiny_model
+from moestab.models.families import CORE_FAMILIES, TINY_CONFIGS
+from moestab.routing import SUPPORTED_FAMILIES, RoutingRecorder, RoutingReplay, find_routers
+from moestab.routing import adapters as adapters_module
+from moestab.routing.errors import (
+    AdapterMismatchError,
+    NotAnMoEModelError,
+    RouterClassMissingError,
+    RoutesMismatchError,
+    UnsupportedRoutingError,
+)
+from moestab.routing.gating import Gating
+
+ALL = sorted(SUPPORTED_FAMILIES)
+
+
+def test_every_supported_family_has_a_tiny_config_and_there_are_at_least_25():
+    assert sorted(TINY_CONFIGS) == ALL
+    assert set(CORE_FAMILIES) <= set(ALL)
+    assert len(ALL) >= 25
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_family_records_and_replays_exactly(family):
+    report = family_report(family)
+    # Replaying a free forward's own routes gives the free logits: bitwise in float64 for every family here.
+    assert report.replay_max_diff <= 1e-6
+    assert report.replay_bitwise, f"{family}: replay differs by {report.replay_max_diff:.3g}"
+    # Other routes change the output: replay forces something.
+    assert report.replay_other_diff > 1e-6
+    # The router keeps its gradient under replay, equal to the free forward's when the routes are the same.
+    assert report.grad_norm > 0
+    assert report.grad_max_diff <= 1e-9 * max(1.0, report.grad_norm)
+    # generate() with a KV cache records what one full forward over the same tokens routes.
+    assert report.generate_mismatch == 0.0
+    assert report.moe_layers and report.num_layers >= len(report.moe_layers)
+
+
+def test_dense_first_layers_and_hybrid_stacks_map_to_decoder_layers():
+    # DeepSeek-V3 style: one dense first layer; Jamba: experts in every layer of an attention / Mamba stack;
+    # Nemotron-H: MoE only in the "E" layers of a Mamba / MoE / attention pattern.
+    assert [s.layer for s in find_routers(tiny_model("glm4_moe"))] == [1, 2]
+    assert [s.layer for s in find_routers(tiny_model("jamba"))] == [0, 1]
+    assert [s.layer for s in find_routers(tiny_model("nemotron_h"))] == [1, 3]
+
+
+@pytest.mark.parametrize("family, router, reason", [
+    ("deepseek_v4", "DeepseekV4HashRouter", "hash of the token id"),
+    ("jetmoe", "JetMoeTopKGating", "routes twice per layer"),
+])
+def test_families_that_cannot_be_forced_exactly_are_refused_with_the_reason(family, router, reason):
+    base = AutoConfig.for_model(family)
+    small = {k: v for k, v in {"vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "intermediate_size": 64, "num_local_experts": 4,
+                               "num_experts_per_tok": 2}.items() if k in base.to_dict()}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **small))
+    with pytest.raises(UnsupportedRoutingError, match=f"is a {family} model.*{reason}"):
+        find_routers(model)
+
+
+@pytest.fixture
+def replace_adapter(monkeypatch):
+    """Swap one family's adapter for another in the table (the lookup cache cleared before and after)."""
+
+    def replace(adapter: adapters_module.RouterAdapter) -> None:
+        table = tuple(adapter if a.family == adapter.family else a for a in adapters_module.ADAPTERS)
+        monkeypatch.setattr(adapters_module, "ADAPTERS", table)
+        adapters_module._adapters_by_type.cache_clear()
+
+    yield replace
+    monkeypatch.undo()
+    adapters_module._adapters_by_type.cache_clear()
+
+
+def test_a_renamed_router_class_is_named_not_reported_as_not_moe(replace_adapter):
+    model = tiny_model("mellum")
+    replace_adapter(adapters_module.RouterAdapter(
+        "mellum", "transformers.models.mellum.modeling_mellum.MellumRouterRenamed",
+        adapters_module.SOFTMAX_NORM_TOPK, adapters_module.BY_LOGIT))
+    with pytest.raises(RouterClassMissingError, match=r"mellum model.*no router class "
+                                                      r"transformers\.models\.mellum\.modeling_mellum\."
+                                                      r"MellumRouterRenamed \(renamed or removed\?\)"):
+        find_routers(model)
+    assert issubclass(RouterClassMissingError, NotAnMoEModelError)
+
+
+def test_an_adapter_that_does_not_reproduce_its_router_is_refused(replace_adapter):
+    model = tiny_model("qwen3_moe")
+    qwen3 = adapters_module.ADAPTERS[0]
+    replace_adapter(adapters_module.RouterAdapter("qwen3_moe", qwen3.router_class, Gating("softmax_topk"),
+                                                  adapters_module.BY_LOGIT))
+    with pytest.raises(AdapterMismatchError, match=r"qwen3_moe router model\.layers\.0\.mlp\.gate "
+                                                   r"\(Qwen3MoeTopKRouter\): moestab's gating \(softmax over the "
+                                                   r"top-k logits\) differs from the router's own gates by"):
+        find_routers(model)
+
+
+def test_verification_leaves_the_global_rng_and_training_mode_alone():
+    model = tiny_model("phimoe").train()  # PhiMoE samples with Gumbel noise in training mode
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    find_routers(model)
+    assert torch.equal(torch.rand(3), expected)
+    assert all(m.training for m in model.modules())
+
+
+def test_phimoe_replay_is_refused_in_training_mode_and_exact_in_eval_mode():
+    model = tiny_model("phimoe")
+    ids = torch.randint(3, 100, (2, 6))
+    with RoutingRecorder(model) as rec, torch.no_grad():
+        free = model(input_ids=ids).logits
+    with RoutingReplay(model, rec.routes), torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, free)
+    model.train()
+    with pytest.raises(RoutesMismatchError, match="cannot replay phimoe in training mode: PhiMoE's SparseMixer"):
+        RoutingReplay(model, rec.routes)
+
+
+def test_docs_families_lists_every_family():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "families_table.py"
+    spec = importlib.util.spec_from_file_location("families_table", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0, "run scripts/families_table.py"
