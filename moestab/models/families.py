@@ -107,7 +107,7 @@ FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     "deepseek_v2": {**_MLA, "n_group": 2, "topk_group": 1, "topk_method": "group_limited_greedy",
                     "n_shared_experts": 1, "routed_scaling_factor": 1.5},
     "longcat_flash": {**_MLA, "head_dim": 8, "zero_expert_num": 2, "ffn_hidden_size": 64, "expert_ffn_hidden_size": 32},
-    "granitemoehybrid": {"layers": "attention,mamba", "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 32,
+    "granitemoehybrid": {"layers": "attention,mamba", "mamba_d_state": 8, "mamba_n_heads": 4,
                          "mamba_n_groups": 1, "mamba_chunk_size": 16, "shared_intermediate_size": 32},
     "cohere2_moe": {"expert_selection_fn": "sigmoid", "norm_topk_prob": True},
     "deepseek_v3": {**_V3_GROUPS, **_MLA, "n_shared_experts": 1},
@@ -159,7 +159,7 @@ def _generic(family: str) -> Callable[..., PretrainedConfig]:
         if dense:  # the dense first layer takes the stack's first layer kind
             pattern = [kinds[0], *pattern]
         if stack:
-            extra.update(_hybrid_fields(family, pattern))
+            extra.update(_hybrid_fields(family, pattern, hidden))
         if dense == "mlp_layer_types":
             extra["mlp_layer_types"] = ["dense"] + ["sparse"] * (len(pattern) - 1)
         elif dense:
@@ -181,15 +181,15 @@ def _config_keys(family: str) -> frozenset[str]:
     return frozenset(base.to_dict()) | frozenset(getattr(base, "attribute_map", {}))
 
 
-def _hybrid_fields(family: str, pattern: list[str]) -> dict[str, Any]:
+def _hybrid_fields(family: str, pattern: list[str], hidden: int) -> dict[str, Any]:
     """How each hybrid family spells its layer stack."""
     if family == "jamba":  # attention every other layer, experts in every layer
         return {"attn_layer_period": 2, "attn_layer_offset": 0, "expert_layer_period": 1, "expert_layer_offset": 0}
     if family in ("qwen3_next", "qwen3_5_moe_text", "minimax"):
         names = {"linear": "linear_attention", "full": "full_attention"}
         return {"layer_types": [names[k] for k in pattern]}
-    if family == "granitemoehybrid":
-        return {"layer_types": pattern}
+    if family == "granitemoehybrid":  # Mamba heads x head dim = mamba_expand (2) x hidden
+        return {"layer_types": pattern, "mamba_d_head": hidden // 2}
     if family == "lfm2_moe":
         return {"layer_types": ["conv" if k == "conv" else "full_attention" for k in pattern]}
     if family == "kimi_linear":
