@@ -10,6 +10,9 @@ from moestab.configs import ConfigError
 from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.records.schema import GATE_REPLAY_MODES, REPLAY_MODES
 
+ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
+"""``--rollout-engine`` values (moestab.train.engine.engine_factory builds them)."""
+
 if TYPE_CHECKING:
     from moestab.rl import AlgorithmPreset
 
@@ -94,6 +97,9 @@ class TrainConfig:
     rollout_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Precision the rollout engine samples in (default: --dtype). bfloat16 with an fp32 trainer reproduces the
     production gap between an inference engine and the trainer: some tokens are routed differently (R3 removes it)."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """What samples the rollouts: hf (Hugging Face generate() in this process, routes recorded by hooks) or vllm
+    (optional extra moestab[vllm], CUDA: vLLM with its returned routed experts; weights pushed to it every step)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto = cuda when available."""
     eval_every: int = 20
@@ -135,6 +141,10 @@ class TrainConfig:
         if self.rollout_dtype is not None:
             _choice("rollout_dtype", self.rollout_dtype, DTYPES)
         _choice("device", self.device, DEVICES)
+        _choice("rollout_engine", self.rollout_engine, ENGINE_NAMES)
+        if self.rollout_engine == "vllm" and self.routing_replay in GATE_REPLAY_MODES:
+            raise ConfigError(f"routing_replay: {self.routing_replay} replays the rollout's gate weights, which vLLM "
+                              "does not return; use --rollout-engine hf for TRR")
         for name in ("steps", "prompts_per_step", "minibatches", "save_every", "eval_every", "eval_size"):
             _at_least(name, getattr(self, name), 1)
         _at_least("group_size", self.group_size, 2)

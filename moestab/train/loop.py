@@ -22,11 +22,11 @@ from moestab.routing import find_routers
 from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import complete_checkpoints, load_optimizer_state, save_checkpoint
 from moestab.train.config import TrainConfig
+from moestab.train.engine import RolloutEngine, engine_factory
 from moestab.train.evaluate import greedy_accuracy
 from moestab.train.history import SolvedPrompts
 from moestab.train.interrupt import GracefulInterrupt
 from moestab.train.optim import build_optimizer
-from moestab.train.rollout import HFRolloutEngine
 from moestab.train.run_folder import (
     TrainingError,
     check_writable,
@@ -126,18 +126,24 @@ def train(
     config: TrainConfig,
     *,
     log: Callable[[str], None] = print,
-    rollout_engine: Callable[..., HFRolloutEngine] = HFRolloutEngine,
+    rollout_engine: Callable[..., RolloutEngine] | None = None,
 ) -> RunResult:
     """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended.
 
     Everything that can be checked is checked before anything is written; once run.json exists, any
     stop (an exception, Ctrl-C, SIGTERM, a full disk) leaves it ``failed`` or ``interrupted`` with a
     message, never ``running``. ``rollout_engine(model, tokenizer, dtype=..., gates=...)`` builds the
-    engine that samples the rollouts (default: Hugging Face ``generate``, in ``config.rollout_dtype``); it must
-    return a ``RolloutBatch`` with the routes it used (and their gate weights when ``gates``, for TRR).
+    engine that samples the rollouts (default: ``config.rollout_engine``'s, in ``config.rollout_dtype``); it meets
+    the contract of ``moestab.train.engine`` (a ``RolloutBatch`` with the routes it used, and their gate weights when
+    ``gates``, for TRR).
     """
     device = _device(config.device)
     dtype = DTYPES[config.dtype]
+    if rollout_engine is None:
+        try:
+            rollout_engine = engine_factory(config.rollout_engine, device=device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     task = task_from_spec(config.task)
     run_dir = Path(config.run_dir)
     writer = RunWriter(run_dir)

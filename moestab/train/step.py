@@ -34,8 +34,8 @@ from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.batch import RolloutBatch, cat_batches
+from moestab.train.engine import RolloutEngine
 from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
-from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step_metrics import step_metrics
 from moestab.train.step_tensors import StepTensors
 
@@ -120,7 +120,7 @@ class _Sampled:
 
 
 def _sample(
-    engine: HFRolloutEngine, task: Task, examples: list[Example], s: StepSettings,
+    engine: RolloutEngine, task: Task, examples: list[Example], s: StepSettings,
     draw_more: Callable[[int], list[Example]] | None,
 ) -> _Sampled:
     """The rollout and its rewards; with dynamic sampling (DAPO), groups whose rewards are all equal (no
@@ -287,7 +287,7 @@ def run_step(
     *,
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
-    engine: HFRolloutEngine,
+    engine: RolloutEngine,
     task: Task,
     settings: StepSettings,
     examples: list[Example],

@@ -1,0 +1,145 @@
+"""``--rollout-engine vllm``: rollouts sampled by vLLM with per-token log-probs and the routed experts of every
+token (``enable_return_routed_experts``), converted into moestab's ``RolloutBatch`` / ``Routes``.
+
+vLLM returns, per request, ``prompt_routed_experts`` ``[prompt_len, moe_layers, top_k]`` and, per completion,
+``routed_experts`` ``[generated, moe_layers, top_k]`` (int16 expert ids; the last sampled token may have none, as it
+is never fed back). ``routes_from_vllm`` lays them out like the Hugging Face engine's recorder: left-padded prompt,
+then the response inputs, -1 everywhere else. Nothing is ever filled in: a missing route is an error.
+
+vLLM needs a CUDA GPU; ``require_vllm`` says so at start-up, before anything is written. It returns expert ids, not
+gate weights, so TRR (``--routing-replay rollout-gates``) needs the Hugging Face engine.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from moestab.routing import find_routers
+from moestab.routing.routes import Routes
+from moestab.train.batch import RolloutBatch, response_mask_from_tokens
+
+VLLM_HELP = ("install the optional extra (pip install 'moestab[vllm]', vLLM >= 0.33 on Linux with a CUDA GPU), or use "
+             "--rollout-engine hf")
+
+
+def require_vllm(device: torch.device) -> None:
+    """Raise ``ValueError`` unless vLLM can sample here: importable, and the run on a CUDA device."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(f"--rollout-engine vllm: vLLM is not installed ({exc}); {VLLM_HELP}") from exc
+    if device.type != "cuda":
+        raise ValueError(f"--rollout-engine vllm: vLLM samples on a CUDA GPU and this run's device is {device.type}; "
+                         "run with --device cuda on a machine with a GPU, or use --rollout-engine hf")
+
+
+def routes_from_vllm(
+    prompt_routes: Sequence[np.ndarray],
+    response_routes: Sequence[np.ndarray],
+    prompt_lens: Sequence[int],
+    response_lens: Sequence[int],
+    prompt_width: int,
+    length: int,
+    layers: tuple[int, ...],
+    num_experts: int,
+) -> Routes:
+    """vLLM's per-request routes as one ``Routes`` ``[B, length, layers, top_k]`` in the trainer's layout.
+
+    Row ``i``: its ``prompt_lens[i]`` prompt routes end at column ``prompt_width`` (left padding); its first
+    ``response_lens[i] - 1`` response routes follow (the last response token is never an input). ``ValueError`` when
+    vLLM returned fewer routes than that, or routes of another shape.
+    """
+    top_k = int(prompt_routes[0].shape[-1])
+    out = torch.full((len(prompt_routes), length, len(layers), top_k), -1, dtype=torch.int16)  # [B, L, layers, k]
+    for i, (prompt, response) in enumerate(zip(prompt_routes, response_routes, strict=True)):
+        p, n = int(prompt_lens[i]), int(response_lens[i]) - 1
+        for name, arr, need in (("prompt", prompt, p), ("response", response, n)):
+            if arr.ndim != 3 or arr.shape[1:] != (len(layers), top_k) or arr.shape[0] < need:
+                raise ValueError(f"vLLM returned {name} routes of shape {tuple(arr.shape)} for request {i}; expected "
+                                 f"at least [{need}, {len(layers)}, {top_k}] (tokens, MoE layers, top_k)")
+        out[i, prompt_width - p : prompt_width] = torch.from_numpy(np.asarray(prompt[:p], dtype=np.int16))
+        out[i, prompt_width : prompt_width + n] = torch.from_numpy(np.asarray(response[:n], dtype=np.int16))
+    if int(out.max()) >= num_experts:
+        raise ValueError(f"vLLM routed to expert {int(out.max())}, the model has {num_experts} per layer")
+    return Routes(indices=out, layers=layers, num_experts=num_experts)
+
+
+def _load_weights(worker, named: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on each vLLM worker (``LLM.collective_rpc``): load the trainer's weights into its model."""
+    worker.model_runner.model.load_weights(weights=named)
+
+
+class VLLMRolloutEngine:
+    """Samples with an in-process ``vllm.LLM`` built from the policy; weights pushed to it before every rollout."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: torch.dtype | None = None,
+                 gates: bool = False, llm=None) -> None:
+        """``llm``: an already built ``vllm.LLM`` (tests pass a stand-in); default: one built from a snapshot of
+        ``model`` with ``enable_return_routed_experts=True``."""
+        if gates:
+            raise ValueError("--rollout-engine vllm returns expert ids, not gate weights: --routing-replay "
+                             "rollout-gates (TRR) needs --rollout-engine hf")
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs eos and pad tokens for batched generation")
+        self.policy = model
+        self.tokenizer = tokenizer
+        sites = find_routers(model, verify=False)
+        self.layers = tuple(s.layer for s in sites)
+        self.num_experts = sites[0].num_experts
+        if llm is None:
+            import vllm
+
+            self._snapshot = tempfile.TemporaryDirectory(prefix="moestab-vllm-")
+            model.save_pretrained(self._snapshot.name)
+            tokenizer.save_pretrained(self._snapshot.name)
+            name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+            llm = vllm.LLM(model=str(Path(self._snapshot.name)), dtype=name[dtype or model.dtype],
+                           enable_return_routed_experts=True, enable_prefix_caching=True, seed=0,
+                           logprobs_mode="processed_logprobs")  # after temperature, as the trainer computes
+        self.llm = llm
+
+    def sync_weights(self) -> None:
+        named = [(k, v.detach()) for k, v in self.policy.state_dict().items()]
+        self.llm.collective_rpc(_load_weights, args=(named,))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
+        from vllm import SamplingParams  # the stand-in in tests provides it too
+
+        self.sync_weights()
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc.input_ids, enc.attention_mask, strict=True)]
+        params = SamplingParams(temperature=temperature, top_k=-1, top_p=1.0, max_tokens=max_new_tokens,
+                                logprobs=0, stop_token_ids=[tok.eos_token_id])
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params)
+        completions = [o.outputs[0] for o in outputs]
+        width = max(len(c.token_ids) for c in completions)
+        generated = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)  # [B, T]
+        logp = torch.zeros(len(prompts), width)  # [B, T]
+        for i, c in enumerate(completions):
+            generated[i, : len(c.token_ids)] = torch.tensor(c.token_ids)
+            # logprobs=0 returns the sampled token's log-prob for each position
+            logp[i, : len(c.token_ids)] = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, c.token_ids,
+                                                                                          strict=True)])
+        response_mask = response_mask_from_tokens(generated, tok.eos_token_id)  # [B, T]
+        prompt_len = enc.input_ids.shape[1]
+        attention_mask = torch.cat([enc.attention_mask, response_mask[:, :-1].long()], dim=1)  # [B, L]
+        sequences = torch.cat([enc.input_ids, generated], dim=1)  # [B, P + T]
+        routes = routes_from_vllm(
+            [o.prompt_routed_experts for o in outputs], [c.routed_experts for c in completions],
+            prompt_lens=[len(ids) for ids in prompt_ids], response_lens=response_mask.sum(-1).tolist(),
+            prompt_width=prompt_len, length=sequences.shape[1] - 1, layers=self.layers, num_experts=self.num_experts,
+        )
+        texts = tok.batch_decode(generated.masked_fill(~response_mask, tok.pad_token_id), skip_special_tokens=True)
+        return RolloutBatch(
+            input_ids=sequences[:, :-1], attention_mask=attention_mask, targets=generated,
+            response_mask=response_mask, logp_rollout=logp.masked_fill(~response_mask, 0.0), routes=routes,
+            prompt_len=prompt_len, completions=texts,
+        )

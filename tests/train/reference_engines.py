@@ -1,0 +1,113 @@
+"""Second implementations of the rollout-engine contract, for tests/train/test_engine_contract.py.
+
+- ``ReferenceEngine``: samples token by token with full forwards (no KV cache, no ``generate()``), then records the
+  routes and log-probs of one teacher-forced forward: the contract written as plainly as possible.
+- ``FakeVLLM``: a stand-in for ``vllm.LLM`` (and a ``vllm`` module to go with it) that speaks vLLM's output format:
+  per request ``prompt_routed_experts`` and, per completion, ``token_ids``, ``logprobs`` and ``routed_experts``
+  (without a route for the last sampled token). It samples with Hugging Face ``generate()`` on its own copy of the
+  policy, so ``VLLMRolloutEngine`` runs end to end on a CPU; weights reach it only through ``collective_rpc``.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from dataclasses import dataclass
+
+import torch
+
+from moestab.routing import RoutingRecorder
+from moestab.train.batch import RolloutBatch, response_mask_from_tokens
+
+
+class ReferenceEngine:
+    def __init__(self, model, tokenizer, *, dtype=None, gates=False, seed: int = 0) -> None:
+        self.model, self.tokenizer, self.gates = model, tokenizer, gates
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def sync_weights(self) -> None:  # samples with the trainer's model itself
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompts, *, max_new_tokens, temperature) -> RolloutBatch:
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        seq, mask = enc.input_ids, enc.attention_mask
+        done = torch.zeros(len(prompts), dtype=torch.bool)
+        was_training = self.model.training
+        self.model.eval()
+        for _ in range(max_new_tokens):
+            logits = self.model(input_ids=seq, attention_mask=mask, use_cache=False).logits[:, -1]  # [B, V]
+            token = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=self.generator)
+            token = token.squeeze(-1).masked_fill(done, tok.pad_token_id)  # [B]
+            seq = torch.cat([seq, token[:, None]], dim=1)
+            mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
+            done |= token == tok.eos_token_id
+        prompt_len = enc.input_ids.shape[1]
+        generated = seq[:, prompt_len:]  # [B, T]
+        response_mask = response_mask_from_tokens(generated, tok.eos_token_id)
+        attention_mask = torch.cat([enc.attention_mask, response_mask[:, :-1].long()], dim=1)
+        with RoutingRecorder(self.model, margin=False, entropy=False, gates=self.gates) as rec:
+            logits = self.model(input_ids=seq[:, :-1], attention_mask=attention_mask, use_cache=False).logits
+        self.model.train(was_training)
+        logp = torch.log_softmax(logits[:, prompt_len - 1 :].float() / temperature, -1)
+        logp = logp.gather(-1, generated.unsqueeze(-1)).squeeze(-1)  # [B, T]
+        texts = tok.batch_decode(generated.masked_fill(~response_mask, tok.pad_token_id), skip_special_tokens=True)
+        return RolloutBatch(input_ids=seq[:, :-1], attention_mask=attention_mask, targets=generated,
+                            response_mask=response_mask, logp_rollout=logp.masked_fill(~response_mask, 0.0),
+                            routes=rec.routes, prompt_len=prompt_len, completions=texts)
+
+
+@dataclass
+class _Logprob:
+    logprob: float
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs) -> None:
+        self.__dict__.update(kwargs)
+
+
+class FakeVLLM:
+    """``vllm.LLM``'s surface as VLLMRolloutEngine uses it; ``rpc_calls`` counts weight pushes."""
+
+    def __init__(self, model, tokenizer) -> None:
+        self.model = copy.deepcopy(model).eval()
+        self.tokenizer = tokenizer
+        self.rpc_calls = 0
+
+    def collective_rpc(self, method, args=()):
+        self.rpc_calls += 1
+        worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self))
+        return [method(worker, *args)]
+
+    def load_weights(self, weights):
+        self.model.load_state_dict(dict(weights))
+
+    @torch.no_grad()
+    def generate(self, requests, params):
+        outputs = []
+        for request in requests:
+            prompt = torch.tensor([request["prompt_token_ids"]])
+            with RoutingRecorder(self.model, margin=False, entropy=False) as rec:
+                out = self.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
+                                          temperature=params.temperature, top_k=0, top_p=1.0,
+                                          max_new_tokens=params.max_tokens, eos_token_id=params.stop_token_ids,
+                                          pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                                          return_dict_in_generate=True)
+            tokens = out.sequences[0, prompt.shape[1]:].tolist()
+            raw = torch.stack(out.logits, dim=1)[0].float()  # [T, V]
+            logp = torch.log_softmax(raw / params.temperature, -1)
+            routes = rec.routes.indices[0].numpy()  # [P + T - 1, layers, k]
+            completion = types.SimpleNamespace(
+                token_ids=tokens, logprobs=[{t: _Logprob(float(logp[j, t]))} for j, t in enumerate(tokens)],
+                routed_experts=routes[prompt.shape[1]:])
+            outputs.append(types.SimpleNamespace(prompt_routed_experts=routes[: prompt.shape[1]],
+                                                 outputs=[completion]))
+        return outputs
+
+
+def fake_vllm_module() -> types.ModuleType:
+    module = types.ModuleType("vllm")
+    module.SamplingParams = FakeSamplingParams
+    return module

@@ -1,0 +1,138 @@
+"""The rollout-engine contract, held by the Hugging Face engine, a plain full-forward reference engine and the vLLM
+engine on a vLLM stand-in: structure (check_rollout_batch) and numbers against the trainer's own forward."""
+
+import sys
+
+import pytest
+import torch
+
+from moestab.models import build_embedded_policy
+from moestab.routing import RoutingRecorder, find_routers
+from moestab.train.engine import ContractError, check_rollout_batch, engine_factory
+from moestab.train.rollout import HFRolloutEngine
+from moestab.train.vllm_engine import VLLMRolloutEngine, require_vllm, routes_from_vllm
+
+from .reference_engines import FakeVLLM, ReferenceEngine, fake_vllm_module
+
+PROMPTS = ["12+34=", "5+6=", "100-7=", "9+9="]
+
+
+@pytest.fixture
+def vllm_standin(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm_module())
+
+
+def build(kind: str, model, tokenizer):
+    if kind == "hf":
+        return HFRolloutEngine(model, tokenizer)
+    if kind == "reference":
+        return ReferenceEngine(model, tokenizer)
+    return VLLMRolloutEngine(model, tokenizer, llm=FakeVLLM(model, tokenizer))
+
+
+def trainer_view(model, batch, temperature):
+    """The trainer's free forward over the batch: per-token log-probs and routes."""
+    with RoutingRecorder(model, margin=False, entropy=False) as rec, torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logp = torch.log_softmax(batch.response_logits(logits).float() / temperature, -1)
+    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), rec.routes
+
+
+@pytest.mark.parametrize("kind", ["hf", "reference", "vllm-standin"])
+def test_engine_meets_the_contract_and_agrees_with_the_trainer(kind, vllm_standin):
+    torch.manual_seed(0)
+    model, tokenizer = build_embedded_policy()
+    engine = build(kind, model, tokenizer)
+    sites = find_routers(model)
+    for _ in range(2):  # the second round after the trainer moved
+        batch = engine.generate(PROMPTS, max_new_tokens=6, temperature=0.9)
+        check_rollout_batch(batch, num_layers=len(sites), top_k=sites[0].top_k, num_experts=sites[0].num_experts,
+                            eos_token_id=tokenizer.eos_token_id)
+        logp, routes = trainer_view(model, batch, 0.9)
+        mask = batch.response_mask
+        # fp32 engine and trainer: the same distribution and the same experts at every real position.
+        assert (batch.logp_rollout - logp)[mask].abs().max() < 1e-4
+        real = batch.attention_mask.bool()
+        assert torch.equal(batch.routes.indices.sort(-1).values[real], routes.indices.sort(-1).values[real])
+        # The trainer moves: the engine must sample from the new weights next round (sync_weights).
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+
+
+def test_check_rollout_batch_names_the_broken_rule():
+    torch.manual_seed(0)
+    model, tokenizer = build_embedded_policy()
+    batch = HFRolloutEngine(model, tokenizer).generate(PROMPTS, max_new_tokens=6, temperature=1.0)
+    sites = find_routers(model)
+    shape = {"num_layers": len(sites), "top_k": 2, "num_experts": 8, "eos_token_id": tokenizer.eos_token_id}
+    batch.routes.indices[0, -1] = torch.where(batch.attention_mask[0, -1].bool(), -1, 0)
+    with pytest.raises(ContractError, match="routes must cover every real input position"):
+        check_rollout_batch(batch, **shape)
+    with pytest.raises(ContractError, match="gates=True must return finite gate weights"):
+        batch.routes.indices[0, -1] = torch.where(batch.attention_mask[0, -1].bool(), 0, -1)
+        check_rollout_batch(batch, gates=True, **shape)
+
+
+def test_routes_from_vllm_lays_out_prompt_and_response_and_refuses_missing_routes():
+    # Two requests: prompts of 2 and 3 tokens (width 3, left padding), responses of 3 and 1 tokens (length 3 + 3 - 1).
+    prompt = [torch.tensor([[[1, 2]], [[3, 4]]]).numpy(), torch.tensor([[[5, 6]], [[7, 0]], [[1, 3]]]).numpy()]
+    response = [torch.tensor([[[2, 5]], [[6, 7]], [[0, 1]]]).numpy(), torch.zeros((0, 1, 2), dtype=torch.int64).numpy()]
+    routes = routes_from_vllm(prompt, response, prompt_lens=[2, 3], response_lens=[3, 1], prompt_width=3, length=5,
+                              layers=(0,), num_experts=8)
+    assert routes.indices[:, :, 0].tolist() == [
+        [[-1, -1], [1, 2], [3, 4], [2, 5], [6, 7]],  # the third response token is never an input
+        [[5, 6], [7, 0], [1, 3], [-1, -1], [-1, -1]],  # a 1-token response has no response input
+    ]
+    with pytest.raises(ValueError, match=r"vLLM returned response routes of shape \(1, 1, 2\) for request 0; "
+                                         r"expected at least \[2, 1, 2\]"):
+        routes_from_vllm(prompt, [response[0][:1], response[1]], prompt_lens=[2, 3], response_lens=[3, 1],
+                         prompt_width=3, length=5, layers=(0,), num_experts=8)
+
+
+def test_vllm_engine_pushes_weights_before_every_rollout_and_refuses_trr(vllm_standin):
+    model, tokenizer = build_embedded_policy()
+    llm = FakeVLLM(model, tokenizer)
+    engine = VLLMRolloutEngine(model, tokenizer, llm=llm)
+    engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)
+    engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)
+    assert llm.rpc_calls == 2
+    with pytest.raises(ValueError, match="returns expert ids, not gate weights: --routing-replay rollout-gates"):
+        VLLMRolloutEngine(model, tokenizer, gates=True, llm=llm)
+
+
+def test_missing_vllm_or_gpu_is_said_at_start_up(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    with pytest.raises(ValueError, match=r"vLLM is not installed .*pip install 'moestab\[vllm\]'"):
+        engine_factory("vllm", device=torch.device("cpu"))
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm_module())
+    with pytest.raises(ValueError, match="vLLM samples on a CUDA GPU and this run's device is cpu"):
+        require_vllm(torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; valid: hf, vllm"):
+        engine_factory("sglang", device=torch.device("cpu"))
+
+
+def test_real_vllm_path_on_a_gpu():
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (optional extra moestab[vllm])")
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a CUDA GPU; none here")
+    model, tokenizer = build_embedded_policy()
+    model = model.cuda()
+    engine = VLLMRolloutEngine(model, tokenizer)
+    assert isinstance(engine.llm, vllm.LLM)
+    batch = engine.generate(PROMPTS, max_new_tokens=6, temperature=1.0)
+    sites = find_routers(model)
+    check_rollout_batch(batch, num_layers=len(sites), top_k=sites[0].top_k, num_experts=sites[0].num_experts,
+                        eos_token_id=tokenizer.eos_token_id)
+
+
+def test_train_refuses_vllm_without_it_before_writing_anything(tmp_path, capsys):
+    from moestab.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--rollout-engine", "vllm", "--device", "cpu", "--steps", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--rollout-engine vllm: vLLM is not installed" in err or "vLLM samples on a CUDA GPU" in err
+    assert not out.exists()
+    assert main(["train", "--rollout-engine", "vllm", "--routing-replay", "rollout-gates", "--out", str(out)]) == 2
+    assert "which vLLM does not return; use --rollout-engine hf for TRR" in capsys.readouterr().err
