@@ -1,6 +1,8 @@
 """Forward time with RoutingRecorder / RoutingReplay against a plain forward, as ratios.
 
-Modes are interleaved round by round in one process, in a rotating order (this machine is noisy),
+Each context is built per forward, as a user of the library would; by default it first checks every router against
+its family's adapter (moestab.routing.verify); the ``checked`` modes skip that, as the trainer does after checking
+the model once at load. Modes are interleaved round by round in one process, in a rotating order (this machine is noisy),
 and each ratio is median(mode) / median(plain), for wall time and for process CPU time (steadier
 when other jobs share the cores). Usage: python bench/bench_routing.py [--rounds 15] [--threads 2]
 """
@@ -38,8 +40,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}")
-    print("| model / batch | clock | plain (ms) | recorder (x) | recorder, no stats (x) | replay (x) |")
-    print("|---|---|---|---|---|---|")
+    print("| model / batch | clock | plain (ms) | recorder (x) | recorder, no stats (x) | replay (x) | "
+          "recorder, model checked (x) | replay, model checked (x) |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, model, (batch, seq), vocab in models():
         model.eval()
         g = torch.Generator().manual_seed(0)
@@ -54,6 +57,9 @@ def main() -> None:
             "recorder": partial(RoutingRecorder, model),
             "recorder_nostats": partial(RoutingRecorder, model, margin=False, entropy=False),
             "replay": partial(RoutingReplay, model, routes),
+            # The trainer's path: the model's routers were checked against their adapters once, at load.
+            "recorder_checked": partial(RoutingRecorder, model, verify=False),
+            "replay_checked": partial(RoutingReplay, model, routes, verify=False),
         }
         names = list(modes)
         wall: dict[str, list[float]] = {m: [] for m in modes}
@@ -72,7 +78,8 @@ def main() -> None:
             med = {m: statistics.median(v) for m, v in times.items()}
             print(
                 f"| {label} | {clock} | {med['plain'] * 1e3:.1f} | {med['recorder'] / med['plain']:.3f} | "
-                f"{med['recorder_nostats'] / med['plain']:.3f} | {med['replay'] / med['plain']:.3f} |"
+                f"{med['recorder_nostats'] / med['plain']:.3f} | {med['replay'] / med['plain']:.3f} | "
+                f"{med['recorder_checked'] / med['plain']:.3f} | {med['replay_checked'] / med['plain']:.3f} |"
             )
 
 

@@ -66,6 +66,8 @@ class RoutingRecorder:
         gates: also record the combine weights the router handed its chosen experts (``Routes.gates``, float32),
             for ``RoutingReplay(force_gates=True)``. Exact (float32 holds them) unless the router computes its
             gates in float64 (GPT-OSS in a float64 model): then rounded to float32.
+        verify: check every router against its family's adapter first (``moestab.routing.verify``, about 0.1 ms
+            per router); code that already checked this model (``find_routers(model)``) passes False.
     """
 
     def __init__(
@@ -80,10 +82,11 @@ class RoutingRecorder:
         router_logprobs: bool = False,
         slot_scores: bool = False,
         gates: bool = False,
+        verify: bool = True,
     ) -> None:
         if not 0.0 < sequence_fraction <= 1.0:
             raise ValueError(f"sequence_fraction must be in (0, 1], got {sequence_fraction}")
-        sites = find_routers(model)
+        sites = find_routers(model, verify=verify)
         if layers is not None:
             wanted = sorted(set(layers))
             available = [s.layer for s in sites]

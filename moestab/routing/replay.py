@@ -25,7 +25,9 @@ class RoutingReplay:
     recorded one up to the experts' own numerics, and the router is frozen for it (gates and router
     logits detached, so not even a load-balancing loss reaches it). Padding positions (attention
     mask 0) keep the router's own choice. Routes that do not fit a forward (batch, length, layers,
-    experts, or a missing route at a real token) raise ``RoutesMismatchError``; there is no fallback.
+    experts, or a missing route at a real token) raise ``RoutesMismatchError``; there is no fallback. ``verify``
+    checks every router against its family's adapter first (``moestab.routing.verify``); code that already checked
+    this model passes False.
 
     Each forward inside the context must cover exactly the routed sequences, so use one context
     per (micro)batch: ``with RoutingReplay(model, routes.select(rows)): model(...)``. The forced
@@ -33,9 +35,9 @@ class RoutingReplay:
     backward replays the same experts. KV-cached decoding is not supported.
     """
 
-    def __init__(self, model: nn.Module, routes: Routes, *, force_gates: bool = False) -> None:
+    def __init__(self, model: nn.Module, routes: Routes, *, force_gates: bool = False, verify: bool = True) -> None:
         self.model = model
-        self.sites: list[RouterSite] = find_routers(model)
+        self.sites: list[RouterSite] = find_routers(model, verify=verify)
         if model.training:
             for site in self.sites:
                 if site.adapter.training_replay is not None:

@@ -47,14 +47,17 @@ def policy_forward(
     ``entropy`` also returns the policy's token entropy; ``router_stats`` records the routers'
     margins and entropies with the routes (only pi_old's are kept in the run records).
 
-    With both ``replay`` and ``record``, the recorded routes are the replayed ones (what was used).
+    With both ``replay`` and ``record``, the recorded routes are the replayed ones (what was used). The routers are
+    not re-checked against their adapters here (this runs several times per step): ``moestab train`` and the rollout
+    engine check the model once, with ``find_routers(model)``.
     """
     with ExitStack() as stack:
         if replay is not None:
-            stack.enter_context(RoutingReplay(model, replay, force_gates=force_gates))
+            stack.enter_context(RoutingReplay(model, replay, force_gates=force_gates, verify=False))
         recorder = (
             stack.enter_context(
-                RoutingRecorder(model, margin=router_stats, entropy=router_stats, router_logprobs=router_logprobs)
+                RoutingRecorder(model, margin=router_stats, entropy=router_stats, router_logprobs=router_logprobs,
+                                verify=False)
             )
             if record
             else None

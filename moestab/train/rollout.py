@@ -14,7 +14,7 @@ import copy
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from moestab.routing import RoutingRecorder
+from moestab.routing import RoutingRecorder, find_routers
 from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 
 
@@ -33,6 +33,7 @@ class HFRolloutEngine:
         self.model = model if dtype in (None, model.dtype) else copy.deepcopy(model).to(dtype).eval()
         self.tokenizer = tokenizer
         self.record_gates = gates
+        find_routers(self.model)  # checks every router of the engine's copy once; generate() skips the check
 
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into the engine's copy (cast to its dtype); no-op without one."""
@@ -50,7 +51,8 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with RoutingRecorder(self.model, margin=False, entropy=False, gates=self.record_gates) as recorder:
+            with RoutingRecorder(self.model, margin=False, entropy=False, gates=self.record_gates,
+                                 verify=False) as recorder:
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=prompt_mask,
