@@ -2,8 +2,8 @@
 
 Each context is built per forward, as a user of the library would; by default it first checks every router
 against its family's adapter (moestab.routing.verify); the ``checked`` modes skip that, as the trainer does after
-checking the model once at load. Modes are interleaved round by round in one process, in a rotating order (this machine is noisy),
-and each ratio is median(mode) / median(plain), for wall time and for process CPU time (steadier
+checking the model once at load. Modes are interleaved round by round in one process, in a rotating order (this
+machine is noisy), and each ratio is median(mode) / median(plain), for wall time and for process CPU time (steadier
 when other jobs share the cores). Usage: python bench/bench_routing.py [--rounds 15] [--threads 2]
 """
 
