@@ -55,6 +55,10 @@ def routes_from_vllm(
     ``response_lens[i] - 1`` response routes follow (the last response token is never an input). ``ValueError`` when
     vLLM returned fewer routes than that, or routes of another shape.
     """
+    if any(r is None for r in (*prompt_routes, *response_routes)):
+        raise ValueError("vLLM returned no routed experts for some requests: the engine must be built with "
+                         "enable_return_routed_experts=True, and vLLM refuses it for some setups (pipeline "
+                         "parallelism, prefix caching off, a model it cannot capture); never filled in by moestab")
     top_k = int(prompt_routes[0].shape[-1])
     out = torch.full((len(prompt_routes), length, len(layers), top_k), -1, dtype=torch.int16)  # [B, L, layers, k]
     for i, (prompt, response) in enumerate(zip(prompt_routes, response_routes, strict=True)):

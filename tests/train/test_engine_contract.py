@@ -84,6 +84,9 @@ def test_routes_from_vllm_lays_out_prompt_and_response_and_refuses_missing_route
         [[-1, -1], [1, 2], [3, 4], [2, 5], [6, 7]],  # the third response token is never an input
         [[5, 6], [7, 0], [1, 3], [-1, -1], [-1, -1]],  # a 1-token response has no response input
     ]
+    with pytest.raises(ValueError, match="vLLM returned no routed experts for some requests"):
+        routes_from_vllm([prompt[0], None], response, prompt_lens=[2, 3], response_lens=[3, 1], prompt_width=3,
+                         length=5, layers=(0,), num_experts=8)
     with pytest.raises(ValueError, match=r"vLLM returned response routes of shape \(1, 1, 2\) for request 0; "
                                          r"expected at least \[2, 1, 2\]"):
         routes_from_vllm(prompt, [response[0][:1], response[1]], prompt_lens=[2, 3], response_lens=[3, 1],
