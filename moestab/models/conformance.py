@@ -47,14 +47,28 @@ class FamilyReport:
         return asdict(self)
 
 
-def tiny_model(family: str, seed: int = 0) -> PreTrainedModel:
-    """A float64 tiny model of ``family`` (2 MoE layers, 8 experts, top-2), in eval mode."""
+def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float64, **fields) -> PreTrainedModel:
+    """A tiny model of ``family`` (2 MoE layers, 8 experts, top-2; config ``fields`` overridden), in eval mode."""
     if family not in TINY_CONFIGS:
         raise ValueError(f"unknown MoE family {family!r}; valid: {', '.join(sorted(TINY_CONFIGS))}")
     torch.manual_seed(seed)
     config = tiny_config(family, vocab_size=VOCAB, hidden_size=64, num_moe_layers=2, num_experts=8, top_k=2)
-    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
-    return model.to(torch.float64).eval()
+    for name, value in fields.items():
+        setattr(config, name, value)
+    # float64 needs the eager experts loop (grouped kernels take float32 / bf16 only).
+    eager = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    model = AutoModelForCausalLM.from_config(config, **eager)
+    return model.to(dtype).eval()
+
+
+def randomise_selection_biases(model: PreTrainedModel, seed: int = 0) -> None:
+    """Fill every expert-selection correction bias (zero at initialisation) with small random values, so that tests
+    exercise how each family adds it."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith(("e_score_correction_bias", "expert_bias")):
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) * 0.1)
 
 
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -196,7 +196,7 @@ ADAPTERS: tuple[RouterAdapter, ...] = (
     _r("minimax_m2", "MiniMaxM2TopKRouter", Gating("sigmoid", renorm=True), Selection("sigmoid", bias=1)),
     _r("lfm2_moe", "Lfm2MoeTopKRouter",
        Gating("sigmoid", renorm="norm_topk_prob", eps=1e-6, scale="routed_scaling_factor", dtype="logits"),
-       Selection("sigmoid", bias=1)),
+       Selection("sigmoid", bias=1, bias_if="use_expert_bias", dtype="logits")),
     # sigmoid gates with the bias kept on the router
     _r("kolibri1", "Kolibri1TopKRouter", Gating("sigmoid_topk", renorm="norm_topk_prob"),
        Selection("logits", bias="e_score_correction_bias")),

@@ -34,12 +34,7 @@ def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardC
     batch, seq = tokens.shape[0], tokens.shape[1]
 
     cache = kwargs.get("past_key_values")
-    past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
-    positions = kwargs.get("position_ids")
-    if cache is not None and past == 0 and isinstance(positions, torch.Tensor) and positions.numel():
-        # Some hybrid caches (MiniMax) report length 0 when their first layer is linear attention: a cached call
-        # whose every position is past 0 is still a continuation.
-        past = int(positions.min())
+    past = _cached_length(cache) if cache is not None else 0
 
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:
@@ -50,3 +45,19 @@ def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardC
             "pass the usual [batch, seq] padding mask"
         )
     return ForwardCall(batch=batch, seq=seq, attention_mask=mask, continuation=past > 0)
+
+
+def _cached_length(cache: Any) -> int:
+    """Tokens already in a KV cache: its first layer's count, or, when that layer holds none (hybrid caches whose
+    layer 0 is linear attention, e.g. MiniMax's), the largest count of any of its layers."""
+    if not hasattr(cache, "get_seq_length"):
+        return 0
+    past = cache.get_seq_length()
+    if past > 0:
+        return past
+    for index in range(1, len(getattr(cache, "layers", ()))):
+        try:
+            past = max(past, cache.get_seq_length(index))
+        except (ValueError, IndexError, TypeError):  # a layer kind that keeps no token count
+            continue
+    return past

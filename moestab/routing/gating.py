@@ -109,22 +109,26 @@ class Selection:
     base: Literal["logits", "softmax", "sigmoid"] = "logits"
     bias: str | int | None = None
     groups: bool = False
+    bias_if: str | None = None
+    """Router attribute that switches the bias on (LFM2-MoE's ``use_expert_bias``); None: always on."""
+    dtype: Literal["float32", "logits"] = "float32"
+    """Dtype the family ranks in (the bias added with torch's type promotion, as the family does)."""
 
     def __call__(self, router: nn.Module, logits: torch.Tensor, inputs: tuple[Any, ...] = ()) -> torch.Tensor:
-        work = _work(logits)  # [N, E]
+        work = _work(logits, self.dtype)  # [N, E]
         if self.base == "softmax":
             work = torch.softmax(work, dim=-1)
         elif self.base == "sigmoid":
             work = work.sigmoid()
         bias = self.bias_of(router, inputs)
         if bias is not None:
-            work = work + bias.reshape(-1).to(work)  # [N, E]
+            work = work + bias.reshape(-1)  # [N, E]
         if self.groups:
             work = group_limited(work, int(router.num_group), int(router.topk_group))
         return work
 
     def bias_of(self, router: nn.Module, inputs: tuple[Any, ...]) -> torch.Tensor | None:
-        if self.bias is None:
+        if self.bias is None or (self.bias_if is not None and not _flag(router, self.bias_if)):
             return None
         if isinstance(self.bias, str):
             return _attr(router, self.bias)

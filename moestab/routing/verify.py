@@ -5,6 +5,10 @@ every router is called once on a few synthetic tokens (eval mode, no grad, its o
 touched) and the adapter must reproduce what the router did: its gating applied to the router's own logits and
 own experts gives the router's own gates, and its selection scores rank the router's own experts first. Any
 difference is refused with the family, the router and the size of the difference.
+
+Limits: hooks on the router's own submodules (e.g. a LoRA wrapper on its linear layer) see the probe tokens; ties in
+the selection scores pass the ranking check; gates are compared to 4 ulps of their dtype, so a bf16 ordering slip
+in a gating recipe shows only in an exact replay test (tests/routing/test_all_families.py has one per family).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def verify_router(adapter: RouterAdapter, router: nn.Module, name: str) -> None:
     """Raise ``AdapterMismatchError`` unless ``adapter`` reproduces ``router``'s own gates and choice."""
     num_experts, top_k = adapter.num_experts(router), adapter.top_k(router)
     inputs = _forward_inputs(adapter, router, num_experts)
-    was_training = router.training
+    modes = [(module, module.training) for module in router.modules()]  # restored one by one afterwards
     router.eval()  # training-mode jitter / sampling would consume the global RNG
     try:
         with torch.no_grad():
@@ -56,7 +60,8 @@ def verify_router(adapter: RouterAdapter, router: nn.Module, name: str) -> None:
             mine = adapter.gates(router, logits, indices).to(gates.dtype)  # [N, k]
             scores = adapter.selection_scores(router, logits, inputs).float()  # [N, E]
     finally:
-        router.train(was_training)
+        for module, training in modes:
+            module.training = training
     family = f"{adapter.family} router {name} ({type(router).__name__})"
     if logits.shape[-1] != num_experts:
         raise AdapterMismatchError(f"{family} scores {logits.shape[-1]} experts, its adapter expects {num_experts}")

@@ -147,3 +147,42 @@ def test_every_family_builds_as_the_embedded_policy():
         ids = tokenizer(["12+34="], return_tensors="pt").input_ids
         with torch.no_grad():
             assert torch.isfinite(model(input_ids=ids).logits).all(), family
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_family_replays_exactly_in_bfloat16_with_selection_biases(family):
+    # Production dtype, and non-zero correction biases (zero at initialisation, so float64 tests barely use them).
+    from moestab.models.conformance import randomise_selection_biases
+
+    model = tiny_model(family, dtype=torch.bfloat16)
+    randomise_selection_biases(model)
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    with RoutingRecorder(model) as rec, torch.no_grad():
+        free = model(input_ids=ids).logits
+    with RoutingReplay(model, rec.routes), torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, free), family
+
+
+def test_lfm2_moe_without_expert_bias_ranks_by_sigmoid_alone():
+    model = tiny_model("lfm2_moe", use_expert_bias=False)
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    with RoutingRecorder(model) as rec, torch.no_grad():
+        free = model(input_ids=ids).logits
+    with RoutingReplay(model, rec.routes), torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, free)
+
+
+def test_a_fresh_cache_with_offset_positions_is_a_prefill_not_a_decode_step():
+    from transformers import DynamicCache
+
+    from moestab.routing.forward_call import read_forward_call
+
+    ids = torch.randint(3, 100, (1, 6))
+    call = read_forward_call((), {"input_ids": ids, "past_key_values": DynamicCache(),
+                                  "position_ids": torch.arange(10, 16)[None]})
+    assert not call.continuation
+    model = tiny_model("qwen3_moe")
+    with RoutingRecorder(model) as rec, torch.no_grad():
+        for _ in range(2):
+            model(input_ids=ids, past_key_values=DynamicCache(), position_ids=torch.arange(10, 16)[None])
+    assert len(rec.segments) == 2 and rec.routes.indices.shape[:2] == (2, 6)
