@@ -25,7 +25,7 @@ def render(reports, unsupported, version: str, seconds: float) -> str:
         "layer where the family has one; a hybrid stack where it is one). Regenerate with "
         "`.venv/bin/python scripts/families_table.py` "
         f"({seconds:.0f} s on this machine); tests/routing/test_all_families.py asserts the same measurements. "
-        "The per-family tests ran in 11 s (75 tests, 2 cores: `.venv/bin/python -m pytest "
+        "The per-family tests ran in 15 s (121 tests, 2 cores: `.venv/bin/python -m pytest "
         "tests/routing/test_all_families.py tests/routing/test_gating.py tests/train/test_train_families.py`), well "
         "inside CI's budget.",
         "",
