@@ -206,8 +206,7 @@ ADAPTERS: tuple[RouterAdapter, ...] = (
     _r("phimoe", "PhimoeTopKRouter", SparseMixerGating(),
        training_replay="PhiMoE's SparseMixer samples experts with Gumbel noise and rescales gates at random in "
                        "training mode; replay is exact only in eval mode (model.eval())"),
-    _r("llama4_text", "Llama4Router", Gating("sigmoid"), module="llama4", read=_read_llama4, write=_write_llama4,
-       num_experts_attr="num_experts"),
+    _r("llama4_text", "Llama4Router", Gating("sigmoid"), module="llama4", read=_read_llama4, write=_write_llama4),
 )
 
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(a.family for a in ADAPTERS)
