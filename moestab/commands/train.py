@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from moestab.routing import RoutingError
     from moestab.tasks import TaskError
     from moestab.train import TrainConfig, TrainingError, train
+    from moestab.train.distributed import world_from_env
 
     hf_logging.disable_progress_bar()  # per-checkpoint load/save bars would drown the training bar
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "config")}
@@ -41,16 +42,32 @@ def run(args: argparse.Namespace) -> int:
             except RunError as exc:
                 raise TrainingError(f"--resume {config.resume}: {exc}") from exc
             config = build_config(TrainConfig, saved, *layers)
+        if config.nproc > 1 and world_from_env().size == 1:  # start the processes; each runs this command
+            from moestab.train.launch import launch
+
+            code = launch(config)
+            if code:
+                print(f"moestab train: error: the {config.nproc} training processes failed (torchrun exit status "
+                      f"{code}); the first failure is printed above, and {config.run_dir}/run.json records it "
+                      "when rank 0 could write it", file=sys.stderr)
+            else:
+                info = read_run_info(config.run_dir)
+                print(f"\nrun {info.status} at step {info.last_step} ({config.nproc} processes): {config.run_dir}")
+            return code
         if config.threads:  # the process's environment is the command's to set, not the library's
             torch.set_num_threads(config.threads)
         result = train(config)
     except (ConfigError, TrainingError, TaskError, RoutingError) as exc:
+        if world_from_env().rank:  # every process raises a refusal; rank 0 says it
+            return 2
         print(f"moestab train: error: {exc}", file=sys.stderr)
         cause = exc.__cause__
         if isinstance(exc, TrainingError) and cause is not None and not isinstance(cause, OSError | RunError):
             print("moestab train: the error was raised here:", file=sys.stderr)
             traceback.print_exception(cause, file=sys.stderr)
         return 2
+    if world_from_env().rank:
+        return 0 if result.status in ("finished", "interrupted") else 1
     start = f"{result.start_accuracy:.1%}" if result.start_accuracy is not None else "n/a"
     final = f"{result.final_accuracy:.1%}" if result.final_accuracy is not None else "n/a"
     print(f"\nrun {result.status} at step {result.last_step}: {result.run_dir}")

@@ -38,13 +38,17 @@ def build_embedded_policy(spec: EmbeddedModelSpec | None = None) -> tuple[PreTra
     return model, tokenizer
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
-    """Write a Hugging Face folder (safetensors + tokenizer) atomically: a folder that exists is complete."""
+def save_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | Path,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write a Hugging Face folder (safetensors + tokenizer) atomically: a folder that exists is complete.
+    ``state_dict``: the weights to write (default: the model's own; a sharded model passes its gathered weights)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if path.exists():
         old = path.with_name(f".{path.name}.old")

@@ -21,6 +21,7 @@ METRICS_JSONL = "metrics.jsonl"  # one JSON object per training step
 TOKENS_DIR = "tokens"  # per-token Parquet tables, one file per step
 CHECKPOINTS_DIR = "checkpoints"  # Hugging Face folders step_XXXXXX/
 STATE_DIR = "state"  # optimizer / RNG state for --resume
+TENSORBOARD_DIR = "tensorboard"  # event files of --report-to tensorboard (W&B writes wandb/ beside it)
 
 # run.json "status" values.
 STATUS_RUNNING = "running"

@@ -42,7 +42,7 @@ from moestab.rl.advantages import (
     group_centered_advantages,
     group_normalized_advantages,
 )
-from moestab.rl.aggregation import AGGREGATIONS, aggregate
+from moestab.rl.aggregation import AGGREGATIONS, aggregate, shard_weight
 from moestab.rl.errors import UnknownNameError
 from moestab.rl.kl import kl_k1, kl_k1_per_token, kl_k3, kl_k3_per_token
 from moestab.rl.logprobs import token_entropy, token_logprobs
@@ -108,6 +108,7 @@ __all__ = [
     "sequence_log_ratios",
     "sequence_ratios",
     "sequence_token_ratios",
+    "shard_weight",
     "token_entropy",
     "token_log_ratios",
     "token_logprobs",

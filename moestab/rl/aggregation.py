@@ -76,3 +76,13 @@ def aggregate(
         row_means = terms.sum(dim=-1) / lengths.clamp(min=1).to(terms.dtype)  # [batch]
         return row_means.sum() / num_seqs
     return terms.sum() / float(norm_constant) / num_seqs  # seq-mean-token-sum-norm
+
+
+def shard_weight(mask: torch.Tensor, aggregation: str) -> int:
+    """The weight of the shard with response ``mask`` ``[batch, seq]`` in the global loss (module docstring):
+    its response tokens for ``token-mean``, its non-empty rows for the ``seq-mean`` modes."""
+    if aggregation not in AGGREGATIONS:
+        raise UnknownNameError("aggregation", aggregation, AGGREGATIONS)
+    if aggregation == "token-mean":
+        return int(mask.sum())
+    return int((response_lengths(mask) > 0).sum())

@@ -117,6 +117,21 @@ class Routes:
             rows=move(self.rows),
         )
 
+    def shift(self, positions: int) -> Routes:
+        """These routes ``positions`` places later: unrecorded positions (-1 / NaN) prepended, e.g. to lay a batch
+        out on a wider left-padded prompt."""
+
+        def pad(t: torch.Tensor | None, fill) -> torch.Tensor | None:
+            if t is None or positions == 0:
+                return t
+            return torch.cat([t.new_full((t.shape[0], positions, *t.shape[2:]), fill), t], dim=1)
+
+        nan = float("nan")
+        return replace(self, indices=pad(self.indices, -1), margin=pad(self.margin, nan),
+                       entropy=pad(self.entropy, nan), confidence=pad(self.confidence, nan),
+                       router_logprobs=pad(self.router_logprobs, nan), slot_scores=pad(self.slot_scores, nan),
+                       gates=pad(self.gates, nan))
+
     @staticmethod
     def cat(parts: Sequence[Routes]) -> Routes:
         """Concatenate along the batch axis, right-padding shorter sequences with -1 / NaN."""

@@ -7,7 +7,7 @@ predict the token at ``p + 1``. The response region is the last ``T = L - P + 1`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -70,23 +70,12 @@ def cat_batches(parts: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
     T = max(b.targets.shape[1] for b in parts)
 
     def relay(b: RolloutBatch, x: torch.Tensor, fill) -> torch.Tensor:  # [B, L_b, ...] -> [B, P + T - 1, ...]
-        left = x.new_full((x.shape[0], P - b.prompt_len, *x.shape[2:]), fill)
-        right = x.new_full((x.shape[0], T - b.targets.shape[1], *x.shape[2:]), fill)
-        return torch.cat([left, x, right], dim=1)
+        return relay_positions(x, P - b.prompt_len, P + T - 1, fill)
 
     def right(b: RolloutBatch, x: torch.Tensor, fill) -> torch.Tensor:  # [B, T_b] -> [B, T]
-        return torch.cat([x, x.new_full((x.shape[0], T - x.shape[1]), fill)], dim=1)
+        return pad_positions(x, T, fill)
 
-    first = parts[0].routes
-    gates = None
-    if all(b.routes.gates is not None for b in parts):
-        gates = torch.cat([relay(b, b.routes.gates, float("nan")) for b in parts])  # [sum B, P + T - 1, layers, k]
-    routes = Routes(
-        indices=torch.cat([relay(b, b.routes.indices, -1) for b in parts]),  # [sum B, P + T - 1, layers, k]
-        layers=first.layers,
-        num_experts=first.num_experts,
-        gates=gates,
-    )
+    routes = Routes.cat([replace(b.routes.shift(P - b.prompt_len), rows=None) for b in parts])  # [sum B, P+T-1, ..]
     return RolloutBatch(
         input_ids=torch.cat([relay(b, b.input_ids, pad_token_id) for b in parts]),
         attention_mask=torch.cat([relay(b, b.attention_mask, 0) for b in parts]),
@@ -97,6 +86,17 @@ def cat_batches(parts: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
         prompt_len=P,
         completions=[c for b in parts for c in b.completions],
     )
+
+
+def pad_positions(x: torch.Tensor, length: int, fill) -> torch.Tensor:
+    """``[B, n, ...]`` -> ``[B, length, ...]``, right-padded with ``fill``."""
+    return torch.cat([x, x.new_full((x.shape[0], length - x.shape[1], *x.shape[2:]), fill)], dim=1)
+
+
+def relay_positions(x: torch.Tensor, left: int, length: int, fill) -> torch.Tensor:
+    """``[B, n, ...]`` -> ``[B, length, ...]``: ``left`` positions of ``fill`` before, the rest after (a batch's
+    positions on a wider prompt)."""
+    return pad_positions(torch.cat([x.new_full((x.shape[0], left, *x.shape[2:]), fill), x], dim=1), length, fill)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -25,16 +25,17 @@ def state_file(run_dir: Path, step: int) -> Path:
 
 def save_checkpoint(
     run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-    optimizer: torch.optim.Optimizer, loop_state: dict | None = None,
+    optimizer_state: dict, loop_state: dict | None = None, weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the step's Hugging Face folder and its training state (optimizer, and ``loop_state``: what the
-    loop carries across steps, e.g. SRPO's solved prompts), both atomically."""
+    """Write the step's Hugging Face folder and its training state (``optimizer_state``:
+    ``moestab.train.distributed.optimizer_state``; ``loop_state``: what the loop carries across steps, e.g. SRPO's
+    solved prompts), both atomically. ``weights``: the full state dict of a sharded ``model`` (default: its own)."""
     state = state_file(run_dir, step)
     tmp = state.with_name(f".{state.name}.tmp")
     # Serialised in memory and written with plain file I/O: torch.save on a full disk raises a bare
     # RuntimeError ("unexpected pos ..."), plain I/O an OSError(ENOSPC) that names the file.
     buffer = io.BytesIO()
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "loop": loop_state or {}}, buffer)
+    torch.save({"step": step, "optimizer": optimizer_state, "loop": loop_state or {}}, buffer)
     try:
         with open(tmp, "wb") as f:
             f.write(buffer.getbuffer())
@@ -43,7 +44,7 @@ def save_checkpoint(
         raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
     folder = run_dir / schema.checkpoint_dir(step)
     try:
-        return save_policy(model, tokenizer, folder)
+        return save_policy(model, tokenizer, folder, state_dict=weights)
     except OSError:
         raise
     except Exception as exc:  # safetensors' writer reports a full disk in its own exception types
@@ -66,8 +67,7 @@ def complete_checkpoints(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def load_optimizer_state(run_dir: Path, step: int, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore the optimizer of step ``step``; returns the loop state saved with it (``{}`` if none)."""
+def read_training_state(run_dir: Path, step: int) -> tuple[dict, dict]:
+    """The optimizer state of step ``step`` and the loop state saved with it (``{}`` if none)."""
     state = torch.load(state_file(run_dir, step), map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    return state.get("loop", {})
+    return state["optimizer"], state.get("loop", {})

@@ -16,7 +16,7 @@ ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 if TYPE_CHECKING:
     from moestab.rl import AlgorithmPreset
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -89,19 +89,25 @@ class TrainConfig:
     """Checkpoint every N steps (and at the end)."""
     resume: str | None = None
     """Run folder to continue from its last checkpoint (any spelling of its path, moved or copied folders too);
-    its settings come from the run, and only steps, threads, progress, save_every and eval_every may change."""
+    its settings come from the run, and only steps, threads, progress, save_every, eval_every and report_to may
+    change."""
     overwrite: bool = False
     """Delete the run already in --out and start over (refuses a folder that is not a moestab run)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter / compute dtype of the trainer."""
-    rollout_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    """Parameter / compute dtype of the trainer (float64: for exactness checks on a CPU, e.g. one process against
+    several)."""
+    rollout_dtype: Literal["float32", "bfloat16", "float16", "float64"] | None = None
     """Precision the rollout engine samples in (default: --dtype). bfloat16 with an fp32 trainer reproduces the
     production gap between an inference engine and the trainer: some tokens are routed differently (R3 removes it)."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples the rollouts: hf (Hugging Face generate() in this process, routes recorded by hooks) or vllm
     (optional extra moestab[vllm], CUDA: vLLM with its returned routed experts; weights pushed to it every step)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where to train; auto = cuda when available."""
+    """Where to train; auto = cuda when available (one GPU per process with --nproc)."""
+    nproc: int = 1
+    """Training processes: above 1, `moestab train` launches them with torchrun and the policy is sharded with FSDP2
+    (gloo on CPU, NCCL on GPU); each process rolls out prompts_per_step / nproc prompts (whole groups) and rank 0
+    writes the run (moestab.train.distributed). A run resumes with the same nproc."""
     eval_every: int = 20
     """Greedy accuracy on the fixed eval set every N steps (and at start and end)."""
     eval_size: int = 200
@@ -124,6 +130,10 @@ class TrainConfig:
     leaves the process's thread count to its caller."""
     progress: bool = True
     """Show a progress bar."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that also get each step's metrics, under metrics.jsonl's keys: any of tensorboard (event
+    files in <run>/tensorboard), wandb (its usual environment: WANDB_MODE, WANDB_PROJECT...), trackio; each needs
+    its package (pip install 'moestab[tensorboard]', ...). Default: none."""
 
     def __post_init__(self) -> None:
         from moestab.rl import PRESETS  # light: pure-torch module
@@ -157,6 +167,17 @@ class TrainConfig:
             _at_least("max_new_tokens", self.max_new_tokens, 1)
         if self.threads is not None:
             _at_least("threads", self.threads, 1)
+        _at_least("nproc", self.nproc, 1)
+        from moestab.train.trackers import check_trackers  # light: the packages are only looked up
+
+        check_trackers(self.report_to)
+        if self.prompts_per_step % self.nproc:
+            valid = ", ".join(str(d) for d in range(1, self.prompts_per_step + 1) if self.prompts_per_step % d == 0)
+            raise ConfigError(f"nproc={self.nproc} does not divide prompts_per_step={self.prompts_per_step}: each "
+                              f"process rolls out whole groups of an equal share of the prompts; valid: {valid}")
+        if self.eval_size < self.nproc:
+            raise ConfigError(f"eval_size={self.eval_size} is below nproc={self.nproc}: each process evaluates a "
+                              f"share of the eval set; use eval_size >= {self.nproc}")
         batch = self.prompts_per_step * self.group_size
         if batch % self.minibatches:
             valid = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)

@@ -3,7 +3,9 @@
 An engine samples completions for the trainer and says exactly what it computed: ``generate(prompts, *,
 max_new_tokens, temperature) -> RolloutBatch`` with, per response token, its log-prob under the sampling
 distribution and, per input position, the experts its routers chose (prompt included; and their gate weights when
-built with ``gates=True``, for TRR); ``sync_weights()`` makes it sample from the trainer's current weights.
+built with ``gates=True``, for TRR); ``sync_weights()`` makes it sample from the trainer's current weights (the
+step calls it once before each rollout, on every process: with a sharded policy it is a collective, so ``generate``
+itself never synchronises).
 ``check_rollout_batch`` is the structural half of the contract (shapes, masks, routes at exactly the real
 positions); tests/train/test_engine_contract.py holds every engine to the numerical half against the trainer.
 """

@@ -105,13 +105,16 @@ def chunked_policy_forward(
     Running pi_old in the same chunks as the updates gives the first update bit-identical inputs,
     so its ratios are exactly 1 rather than 1 up to batch-shape-dependent rounding.
     """
-    parts = [
-        (rows, policy_forward(model, batch.select(rows), temperature=temperature,
-                              replay=None if replay is None else replay.select(rows), force_gates=force_gates,
-                              record=record, router_logprobs=router_logprobs, entropy=entropy,
-                              router_stats=router_stats))
-        for rows in chunks
-    ]
+    parts = []
+    for rows in chunks:
+        # A process holding none of a minibatch still runs its forward, on a stand-in row whose output is dropped:
+        # a sharded policy's forward is a collective (moestab.train.distributed).
+        held = rows if len(rows) else rows.new_zeros(1)
+        fwd = policy_forward(model, batch.select(held), temperature=temperature,
+                             replay=None if replay is None else replay.select(held), force_gates=force_gates,
+                             record=record, router_logprobs=router_logprobs, entropy=entropy, router_stats=router_stats)
+        if len(rows):
+            parts.append((rows, fwd))
     order = torch.cat([rows for rows, _ in parts])
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(order))

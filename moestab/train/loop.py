@@ -6,8 +6,10 @@ import os
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import yaml
@@ -20,10 +22,20 @@ from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter, remove_temporaries
 from moestab.routing import find_routers
 from moestab.tasks import Task, task_from_spec
-from moestab.train.checkpoint import complete_checkpoints, load_optimizer_state, save_checkpoint
+from moestab.train.checkpoint import complete_checkpoints, read_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
+from moestab.train.distributed import (
+    World,
+    full_state_dict,
+    load_optimizer,
+    optimizer_state,
+    process_group,
+    rank_seed,
+    shard_policy,
+    world_from_env,
+)
 from moestab.train.engine import RolloutEngine, engine_factory
-from moestab.train.evaluate import greedy_accuracy
+from moestab.train.evaluate import greedy_accuracy, sharded_greedy_accuracy
 from moestab.train.history import SolvedPrompts
 from moestab.train.interrupt import GracefulInterrupt
 from moestab.train.optim import build_optimizer
@@ -44,9 +56,16 @@ from moestab.train.step import (
     step_seed,
 )
 from moestab.train.token_table import token_table
+from moestab.train.trackers import open_trackers
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+T = TypeVar("T")
+
+
+def config_defaults() -> dict:
+    """Every TrainConfig field's default (a run recorded before a field existed had it at its default)."""
+    return {f.name: f.default for f in fields(TrainConfig)}
 
 
 @dataclass(frozen=True)
@@ -58,12 +77,12 @@ class RunResult:
     final_accuracy: float | None
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def _device(name: str, world: World) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda was asked for but torch sees no CUDA device; valid here: cpu, auto")
-    return torch.device(name)
+    if name == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", world.local_rank)  # one GPU per process
 
 
 def _cache_dir(config: TrainConfig) -> Path:
@@ -94,7 +113,8 @@ def _load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrai
         raise TrainingError(f"model: the folder {path!r} does not exist (give a Hugging Face checkpoint folder, "
                             "or 'embedded')")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder) if folder.exists() else path, dtype=dtype)
+        eager = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # grouped kernels: <= fp32
+        model = AutoModelForCausalLM.from_pretrained(str(folder) if folder.exists() else path, dtype=dtype, **eager)
     except Exception as exc:  # transformers / safetensors raise many types for a damaged folder
         weights = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
         files = f" (weights: {', '.join(weights)})" if weights else ""
@@ -104,7 +124,7 @@ def _load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrai
 
 
 def _model_info(model: PreTrainedModel, record_slots: list[int]) -> ModelInfo:
-    sites = find_routers(model)
+    sites = find_routers(model, verify=False)
     return ModelInfo(
         family=model.config.model_type,
         moe_layers=tuple(s.layer for s in sites),
@@ -114,12 +134,48 @@ def _model_info(model: PreTrainedModel, record_slots: list[int]) -> ModelInfo:
     )
 
 
-def _environment() -> dict:
+def _environment(world: World) -> dict:
     """What a run's numbers depend on besides its config (run.json ``environment``)."""
     import transformers
 
     return {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+            "transformers": transformers.__version__, "world_size": world.size}
+
+
+def _on_main(world: World, fn: Callable[[], T]) -> T:
+    """``fn()`` run by rank 0 (it owns the run folder and the warm-start cache) and its result given to every
+    rank; a refusal there is raised on every rank, so none goes on alone."""
+    result, error = None, None
+    if world.is_main:
+        try:
+            result = fn()
+        except (ConfigError, TrainingError) as exc:
+            error = exc
+    result, error = world.broadcast((result, error))
+    if error is not None:
+        raise error
+    return result
+
+
+def prepare_run_folder(config: TrainConfig, log: Callable[[str], None]) -> tuple[int, bool]:
+    """Check the run folder before anything is loaded: ``(step to start from, whether --overwrite must delete the
+    run there first)``; resuming removes temporaries an interrupted write left behind."""
+    run_dir = Path(config.run_dir)
+    if config.resume:
+        _, step, notes = prepare_resume(run_dir, config_to_dict(config), defaults=config_defaults())
+        for note in notes:
+            log(f"resume: {note}")
+        return step, False
+    check_writable(run_dir)
+    return 0, prepare_new(run_dir, overwrite=config.overwrite)
+
+
+def check_world(config: TrainConfig, world: World) -> None:
+    """Refuse a process count that differs from ``config.nproc`` (``--nproc N`` launches N processes itself)."""
+    if world.size != config.nproc:
+        how = (f"launch it with `moestab train --nproc {config.nproc} ...` (or torchrun --nproc-per-node "
+               f"{config.nproc} -m moestab train ...)" if world.size == 1 else f"use --nproc {world.size}")
+        raise ConfigError(f"nproc={config.nproc} but this is 1 of {world.size} process(es); {how}")
 
 
 def train(
@@ -136,39 +192,47 @@ def train(
     engine that samples the rollouts (default: ``config.rollout_engine``'s, in ``config.rollout_dtype``); it meets
     the contract of ``moestab.train.engine`` (a ``RolloutBatch`` with the routes it used, and their gate weights when
     ``gates``, for TRR).
+
+    Under torchrun (``config.nproc`` processes) every process calls this; the policy is sharded with FSDP2 and rank
+    0 writes the run (``moestab.train.distributed``).
     """
-    device = _device(config.device)
-    dtype = DTYPES[config.dtype]
+    world = world_from_env()
+    check_world(config, world)
+    device = _device(config.device, world)
     if rollout_engine is None:
         try:
             rollout_engine = engine_factory(config.rollout_engine, device=device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+    with process_group(world, device):
+        return _train(config, world, device, rollout_engine, log if world.is_main else _quiet)
+
+
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0: rank 0 speaks for the run."""
+
+
+def _train(
+    config: TrainConfig, world: World, device: torch.device, rollout_engine: Callable[..., RolloutEngine],
+    log: Callable[[str], None],
+) -> RunResult:
+    dtype = DTYPES[config.dtype]
+    main = world.is_main
     task = task_from_spec(config.task)
     run_dir = Path(config.run_dir)
     writer = RunWriter(run_dir)
     max_new = response_budget(config, task)
 
     # ---- the run folder: checked (and, for --overwrite, cleared) before any model is loaded ---------
-    if config.resume:
-        _, start_step, notes = prepare_resume(run_dir, config_to_dict(config))
-        for note in notes:
-            log(f"resume: {note}")
-    else:
-        check_writable(run_dir)
-        delete_first = prepare_new(run_dir, overwrite=config.overwrite)
-        start_step = 0
-
-    base_path, warm = base_policy_path(config, task, log)
+    start_step, delete_first = _on_main(world, lambda: prepare_run_folder(config, log))
+    base_path, warm = _on_main(world, lambda: base_policy_path(config, task, log))
     model = _load_policy(str(run_dir / schema.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = _load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
-    optimizer = build_optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    loop_state = load_optimizer_state(run_dir, start_step, optimizer) if start_step else {}
-    history = SolvedPrompts.from_state(loop_state) if config.history_resampling else None
     record_slots = _record_slots(model, config.record_layers)
+    model_info = _model_info(model, record_slots)
     if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):
         raise ConfigError(f"router_aux_loss_coef: {model.config.model_type} has no load-balancing loss (it balances "
                           "its experts otherwise, e.g. DeepSeek-V3's selection bias); leave it at 0")
@@ -177,49 +241,76 @@ def train(
             if site.adapter.training_replay is not None:
                 raise ConfigError(f"routing_replay: {config.routing_replay!r} cannot be exact for "
                                   f"{site.adapter.family}: {site.adapter.training_replay}; use --routing-replay off")
+    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
+    if world.distributed:  # every router was checked above, on the whole model
+        shard_policy(model)
+        if ref_model is not None:
+            shard_policy(ref_model)
+    optimizer = build_optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    loop_state: dict = {}
+    if start_step:
+        optimizer_saved, loop_state = read_training_state(run_dir, start_step)
+        load_optimizer(model, optimizer, optimizer_saved)
+    history = SolvedPrompts.from_state(loop_state) if config.history_resampling else None
     settings = step_settings(config, max_new)
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
-    checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
 
     def evaluate() -> float:
+        if world.distributed:
+            return sharded_greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new, world=world)
         return greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
 
+    def save(step: int) -> None:
+        weights = None
+        if world.distributed:  # gathered by every rank; tied copies left out, as save_pretrained does itself
+            tied = getattr(model, "all_tied_weights_keys", None) or {}
+            weights = {k: v for k, v in full_state_dict(model).items() if k not in tied}
+        optimizer_saved = optimizer_state(model, optimizer)
+        if main:
+            save_checkpoint(run_dir, step, model, tokenizer, optimizer_saved, _loop_state(history), weights=weights)
+
     # ---- from here on run.json exists: every way out records how the run ended -------------------
-    if config.resume:
-        torn = writer.truncate_metrics(start_step)
-        if torn:
-            lines = ", ".join(map(str, torn))
-            log(f"resume: dropped {len(torn)} torn line(s) of {schema.METRICS_JSONL} (line {lines})")
-        start_accuracy = writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None,
-                                       environment=_environment()).warm_start_accuracy
-    else:
+    def open_run() -> float | None:
+        if config.resume:
+            torn = writer.truncate_metrics(start_step)
+            if torn:
+                lines = ", ".join(map(str, torn))
+                log(f"resume: dropped {len(torn)} torn line(s) of {schema.METRICS_JSONL} (line {lines})")
+            return writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None,
+                                 environment=_environment(world)).warm_start_accuracy
         if delete_first:  # --overwrite: only now that every setting has been checked
             clear_run(run_dir)
             log(f"overwrite: deleted the previous run in {run_dir}")
         resolved = config_to_dict(replace(config, out=str(run_dir), resume=None, overwrite=False))
-        writer.start(config=resolved, model=_model_info(model, record_slots), environment=_environment(),
+        writer.start(config=resolved, model=model_info, environment=_environment(world),
                      config_yaml=yaml.safe_dump(resolved, sort_keys=False))
-        start_accuracy = None
-    progress = _progress(config, start_step)
+        return None
+
+    start_accuracy = _on_main(world, open_run)
+    progress = _progress(config, start_step, enabled=main)
     step, status, final_accuracy = start_step, schema.STATUS_FINISHED, None
     zero_steps = 0  # consecutive steps whose every advantage was 0
-    with GracefulInterrupt() as interrupt, writer.beating():
+    with GracefulInterrupt() as interrupt, (writer.beating() if main else nullcontext()), ExitStack() as trackers:
         try:
+            report = trackers.enter_context(open_trackers(config.report_to if main else (), run_dir,
+                                                          config_to_dict(config)))
             if not config.resume:
                 start_accuracy = evaluate()
-                writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
-                save_checkpoint(run_dir, 0, model, tokenizer, optimizer, _loop_state(history))
+                if main:
+                    writer.update(warm_start={"accuracy": start_accuracy, "path": base_path, "record": warm})
+                save(0)
                 log(f"start: eval accuracy {start_accuracy:.1%} on {len(eval_set)} held-out examples")
             engine = rollout_engine(model, tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype],
                                     gates=config.routing_replay in schema.GATE_REPLAY_MODES)
+            share = world.block(config.prompts_per_step)  # this rank's prompts: whole groups
             for step in range(start_step + 1, config.steps + 1):
-                if interrupt.requested:  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
+                if world.any(interrupt.requested):  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
                     step, status = step - 1, schema.STATUS_INTERRUPTED
-                    log(f"\ninterrupted ({interrupt.signal_name}) before step {step + 1}; continue with "
-                        f"`moestab train --resume {run_dir}`")
+                    log(f"\ninterrupted ({interrupt.signal_name or 'on another rank'}) before step {step + 1}; "
+                        f"continue with `moestab train --resume {run_dir}`")
                     break
                 seed = step_seed(config.seed, step)
-                torch.manual_seed(seed)
+                torch.manual_seed(rank_seed(seed, world.rank))
                 examples = step_examples(task, config.prompts_per_step, config.seed, step)
                 skipped: dict[str, float] = {}
                 if history is not None:
@@ -227,48 +318,59 @@ def train(
                         return task.sample(config.prompts_per_step, random.Random(seed * 7 + r))
 
                     examples, skipped = history.replace_solved(examples, redraw)
+                draw_more = extra_examples(task, config.prompts_per_step, config.seed, step)
                 metrics, tensors = run_step(
                     model=model, optimizer=optimizer, engine=engine, task=task, settings=settings,
-                    examples=examples,
+                    examples=examples[share],
                     generator=torch.Generator().manual_seed(seed), ref_model=ref_model,
-                    draw_more=extra_examples(task, config.prompts_per_step, config.seed, step),
+                    draw_more=lambda r, draw=draw_more: draw(r)[share], world=world,
                 )
                 metrics.update(skipped)
-                if history is not None:
-                    history.record(tensors.examples, tensors.correct, config.group_size)
-                rows = _record_rows(tensors.batch.batch_size, config.record_fraction, seed)
-                writer.write_tokens(step, token_table(step, tensors, rows=rows, layer_slots=record_slots))
+                if history is not None:  # rank 0 holds the whole step: every rank keeps the same history
+                    solved = world.broadcast((tensors.examples, tensors.correct) if main else None)
+                    history.record(*solved, config.group_size)
+                if main:
+                    rows = _record_rows(tensors.batch.batch_size, config.record_fraction, seed)
+                    writer.write_tokens(step, token_table(step, tensors, rows=rows, layer_slots=record_slots))
                 if step % config.eval_every == 0 or step == config.steps:
                     metrics["eval/accuracy"] = evaluate()
-                writer.append_metrics({"step": step, **metrics})
+                if main:
+                    writer.append_metrics({"step": step, **metrics})
+                    report(metrics, step)
                 if step % config.save_every == 0 or step == config.steps:
-                    save_checkpoint(run_dir, step, model, tokenizer, optimizer, _loop_state(history))
-                writer.update(last_step=step)
+                    save(step)
+                if main:
+                    writer.update(last_step=step)
                 progress.update(metrics)
                 zero_steps = zero_steps + 1 if metrics["advantage/nonzero_frac"] == 0 else 0
                 if config.max_zero_advantage_steps and zero_steps >= config.max_zero_advantage_steps:
                     raise NothingToLearnError(_nothing_to_learn(config, step, zero_steps, start_accuracy))
-                if interrupt.requested:
-                    save_checkpoint(run_dir, step, model, tokenizer, optimizer, _loop_state(history))
+                if world.any(interrupt.requested):
+                    save(step)
                     status = schema.STATUS_INTERRUPTED
-                    log(f"\ninterrupted ({interrupt.signal_name}): saved step {step}; "
+                    log(f"\ninterrupted ({interrupt.signal_name or 'on another rank'}): saved step {step}; "
                         f"continue with `moestab train --resume {run_dir}`")
                     break
             else:
                 final_accuracy = metrics.get("eval/accuracy") if config.steps > start_step else evaluate()
         except NothingToLearnError as exc:
-            writer.update(status=schema.STATUS_FAILED, error=str(exc), last_step=step)
+            if main:
+                writer.update(status=schema.STATUS_FAILED, error=str(exc), last_step=step)
             raise TrainingError(str(exc)) from exc
         except NonFiniteLossError as exc:
             last_good = complete_checkpoints(run_dir)[-1]
             message = f"step {step}: {exc}; stopped, the last good checkpoint is step {last_good} (not overwritten)"
-            writer.update(status=schema.STATUS_FAILED, error=message, last_step=step - 1)
+            if main:
+                writer.update(status=schema.STATUS_FAILED, error=message, last_step=step - 1)
             raise TrainingError(message) from exc
         except BaseException as exc:  # a crash, a full disk, a second Ctrl-C: never leave "running"
+            if not main:
+                raise
             _record_stop(writer, run_dir, exc, step, checkpoint_bytes)
         finally:
             progress.close()
-    writer.update(status=status, last_step=step, final_accuracy=final_accuracy)
+    if main:
+        writer.update(status=status, last_step=step, final_accuracy=final_accuracy)
     return RunResult(run_dir, status, step, start_accuracy, final_accuracy)
 
 
@@ -381,5 +483,5 @@ class _Progress:
             self.bar = None
 
 
-def _progress(config: TrainConfig, start: int) -> _Progress:
-    return _Progress(config.steps, start, config.progress)
+def _progress(config: TrainConfig, start: int, *, enabled: bool = True) -> _Progress:
+    return _Progress(config.steps, start, config.progress and enabled)

@@ -4,18 +4,19 @@ weights too for TRR).
 Production RL samples in an inference engine at lower precision (bf16) and trains in fp32 or bf16:
 the two route some tokens differently, which is the gap R3 removes. ``dtype`` reproduces that on any
 machine: the engine samples with its own copy of the policy in ``dtype``, synchronised from the
-trainer's weights before every rollout.
+trainer's weights by ``sync_weights()`` (the step calls it before every rollout). A policy sharded over several
+processes (``--nproc``) always gets a copy: generation is then local to each process, with no collective per
+decoding step.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.routing import RoutingRecorder, find_routers
 from moestab.train.batch import RolloutBatch, response_mask_from_tokens
+from moestab.train.distributed import full_state_dict, is_sharded, unsharded_copy
 
 
 class HFRolloutEngine:
@@ -30,19 +31,20 @@ class HFRolloutEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs eos and pad tokens for batched generation")
         self.policy = model
-        self.model = model if dtype in (None, model.dtype) else copy.deepcopy(model).to(dtype).eval()
+        own = is_sharded(model) or dtype not in (None, model.dtype)
+        self.model = unsharded_copy(model, dtype or model.dtype) if own else model
         self.tokenizer = tokenizer
         self.record_gates = gates
         find_routers(self.model)  # checks every router of the engine's copy once; generate() skips the check
 
     def sync_weights(self) -> None:
-        """Copy the trainer's current weights into the engine's copy (cast to its dtype); no-op without one."""
+        """Copy the trainer's current weights into the engine's copy (cast to its dtype); no-op without one. With a
+        sharded policy this gathers the weights: every process calls it."""
         if self.model is not self.policy:
-            self.model.load_state_dict(self.policy.state_dict())
+            self.model.load_state_dict(full_state_dict(self.policy))
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
-        self.sync_weights()
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         device = next(self.model.parameters()).device

@@ -25,7 +25,8 @@ class TrainingError(RuntimeError):
     """A run could not start or continue; the message says why and what to do."""
 
 
-RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "resume", "out", "overwrite")
+RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "report_to", "resume", "out",
+                    "overwrite")
 """Settings a resumed run may change; every other one must equal the run's own (it shapes the numbers)."""
 
 _DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
@@ -90,9 +91,12 @@ def clear_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir)
 
 
-def prepare_resume(run_dir: Path, config: dict[str, Any]) -> tuple[RunInfo, int, list[str]]:
+def prepare_resume(
+    run_dir: Path, config: dict[str, Any], defaults: dict[str, Any] | None = None,
+) -> tuple[RunInfo, int, list[str]]:
     """Check that ``run_dir`` can be resumed with ``config``; returns its info, the step to resume from and
-    notes on what was cleaned up. Removes temporaries an interrupted write left behind."""
+    notes on what was cleaned up. Removes temporaries an interrupted write left behind. ``defaults``: the value of
+    a setting the run did not record (it predates the setting)."""
     try:
         info = read_run_info(run_dir)
     except RunError as exc:
@@ -104,8 +108,9 @@ def prepare_resume(run_dir: Path, config: dict[str, Any]) -> tuple[RunInfo, int,
     if not done:
         raise TrainingError(f"--resume {run_dir}: it has no complete checkpoint (it stopped before step 0 was "
                             "saved); start over with `moestab train --out ... --overwrite`")
-    differ = {k: (info.config.get(k), v) for k, v in config.items()
-              if k not in RESUMABLE_FIELDS and info.config.get(k) != v}
+    recorded = {**(defaults or {}), **info.config}
+    differ = {k: (recorded.get(k), v) for k, v in config.items()
+              if k not in RESUMABLE_FIELDS and recorded.get(k) != v}
     if differ:
         shown = ", ".join(f"{k}: run has {old!r}, asked {new!r}" for k, (old, new) in differ.items())
         raise TrainingError(f"--resume {run_dir}: settings differ from the run's ({shown}); only "

@@ -19,6 +19,7 @@ of identical shape, so a difference between them is the update's doing and never
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -34,10 +35,11 @@ from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.batch import RolloutBatch, cat_batches
+from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
 from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
 from moestab.train.step_metrics import step_metrics
-from moestab.train.step_tensors import StepTensors
+from moestab.train.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 
 
 class NonFiniteLossError(RuntimeError):
@@ -94,9 +96,11 @@ class _Updates:
     logp: torch.Tensor  # [B, T]
     clipped: torch.Tensor  # [B, T] bool
     routes: torch.Tensor  # [B, L, layers, k]
-    losses: list[float]
+    losses: list[float]  # the global minibatch loss (every rank's share summed)
     grad_norms: list[float]
-    loss_metrics: list[dict[str, torch.Tensor]]
+    loss_metrics: list[dict[str, torch.Tensor]]  # this process's rows: the global minibatch in one process
+    loss_inputs: list[dict | None]  # detached loss inputs per minibatch (distributed only: rank 0 re-evaluates)
+    aux_losses: list[float | None]  # the global load-balancing loss per minibatch, when on
 
 
 def _rewards(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
@@ -244,43 +248,63 @@ def _loss_inputs(
 
 def _updates(
     model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
-    old: _OldPolicy, advantages: torch.Tensor, s: StepSettings,
+    old: _OldPolicy, advantages: torch.Tensor, s: StepSettings, world: World,
 ) -> _Updates:
     replay_source = {None: None, "old": old.free.routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
     force_gates = s.replay in schema.GATE_REPLAY_MODES
+    aggregation = s.preset.aggregation
     minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]
     routes = torch.empty_like(old.routes)  # [B, L, layers, k]
-    losses, grad_norms, loss_metrics = [], [], []
+    losses, grad_norms, loss_metrics, loss_inputs, aux_losses = [], [], [], [], []
     model.train()
     for m, rows in enumerate(chunks):
         minibatch[rows] = m
+        # A rank holding none of this minibatch still runs its forward and backward (FSDP's collectives), on a
+        # stand-in row whose loss weighs 0.
+        held = rows if len(rows) else rows.new_zeros(1)
         fwd = policy_forward(
-            model, batch.select(rows), temperature=s.temperature,
-            replay=None if replay_source is None else replay_source.select(rows), force_gates=force_gates,
+            model, batch.select(held), temperature=s.temperature,
+            replay=None if replay_source is None else replay_source.select(held), force_gates=force_gates,
             router_logprobs=_needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
         )
-        parts = rl.compute_loss_parts(s.preset.loss, **_loss_inputs(s, batch, rows, fwd, old, advantages))
+        inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
+        parts = rl.compute_loss_parts(s.preset.loss, **inputs)
         loss, metrics = parts.loss, parts.metrics
         if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
             loss = loss + s.router_aux_loss_coef * fwd.aux_loss
             metrics = {**metrics, "objective/router_aux_loss": fwd.aux_loss.detach()}
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(f"policy loss is {loss.item()} at minibatch {m}")
+        # This rank's share of the global minibatch loss (one process: share 1.0, exactly).
+        weight = rl.shard_weight(batch.response_mask[rows], aggregation)
+        total = world.sum(weight)
+        share = weight / total if total else 0.0
+        global_loss = world.sum(loss.item() * share)
+        if not math.isfinite(global_loss):
+            raise NonFiniteLossError(f"policy loss is {global_loss} at minibatch {m}")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            raise NonFiniteLossError(f"gradient norm is {grad_norm.item()} at minibatch {m}")
+        (loss * (world.size * share)).backward()  # FSDP averages gradients over ranks: N * share undoes it
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            raise NonFiniteLossError(f"gradient norm is {grad_norm} at minibatch {m}")
         optimizer.step()
-        losses.append(loss.item())
-        grad_norms.append(grad_norm.item())
+        aux_losses.append(None if fwd.aux_loss is None else world.sum(fwd.aux_loss.item() * share))
+        losses.append(global_loss)
+        grad_norms.append(grad_norm)
         loss_metrics.append(metrics)
-        logp[rows] = fwd.logp.detach()
-        clipped[rows] = parts.clipped
-        routes[rows] = fwd.routes.indices
-    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics)
+        if world.distributed:
+            loss_inputs.append({k: v.detach() if torch.is_tensor(v) else v for k, v in inputs.items()}
+                               if len(rows) else None)
+        if len(rows):
+            logp[rows] = fwd.logp.detach()
+            clipped[rows] = parts.clipped
+            routes[rows] = fwd.routes.indices
+    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics, loss_inputs, aux_losses)
+
+
+def _full(norm: torch.Tensor) -> float:
+    """A gradient norm as a float; sharded parameters give a DTensor holding the global norm."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def run_step(
@@ -294,21 +318,27 @@ def run_step(
     generator: torch.Generator,
     ref_model: PreTrainedModel | None = None,
     draw_more: Callable[[int], list[Example]] | None = None,
+    world: World = SINGLE,
 ) -> tuple[dict, StepTensors]:
     """Run one step on ``examples`` (one prompt each; ``group_size`` samples per prompt).
 
     ``draw_more(round)`` supplies the prompts of dynamic sampling's extra rollouts (deterministic per round).
+    Over several processes (``world``), ``examples`` are this rank's share of the step's prompts, and rank 0
+    returns the metrics and tensors of the whole step (the other ranks: the metrics, and their own tensors).
     """
     s = settings
     t0 = time.perf_counter()
-    chunks = minibatch_rows(len(examples) * s.group_size, s.minibatches, generator)  # checked before the rollout
+    global_size = len(examples) * s.group_size * world.size
+    chunks = minibatch_rows(global_size, s.minibatches, generator)  # checked before the rollout
+    chunks = local_chunks(chunks, world, global_size)
+    engine.sync_weights()  # once per step on every rank (a collective when the policy is sharded)
     sampled = _sample(engine, task, examples, s, draw_more)
     batch, examples, rewards, correct = sampled.batch, sampled.examples, sampled.rewards, sampled.correct
     advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
     t_rollout = time.perf_counter() - t0
     old = _old_policy(model, batch, chunks, s, ref_model)
     t1 = time.perf_counter()
-    up = _updates(model, optimizer, batch, chunks, old, advantages, s)
+    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world)
     t_update = time.perf_counter() - t1
     with torch.no_grad():
         new = chunked_policy_forward(model, batch, chunks, temperature=s.temperature)
@@ -317,28 +347,72 @@ def run_step(
         batch=batch, examples=examples, rewards=rewards, correct=correct, advantages=advantages, minibatch=up.minibatch,
         logp_old=old.logp, logp_old_free=old.free.logp, logp_update=up.logp, logp_new=new.logp,
         clipped=up.clipped, routes_old=old.routes, routes_old_free=old.free.routes, routes_update=up.routes,
-        routes_new=new.routes,
+        routes_new=new.routes, entropy=old.free.entropy,
     )
-    mask = batch.response_mask
+    per_minibatch, sampling = up.loss_metrics, sampled.metrics
+    if world.distributed:
+        local = tensors
+        tensors, per_minibatch, sampling = _merge_ranks(world, tensors, up, sampled.metrics, s, engine)
+        if tensors is None:  # not rank 0: rank 0 computes the step's metrics, every rank gets them
+            return world.broadcast(None), local
     metrics = {
         "time/step_s": time.perf_counter() - t0,
         "time/rollout_s": t_rollout,
         "time/update_s": t_update,
-        "reward/mean": rewards.mean().item(),
-        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        **sampled.metrics,
-        "accuracy": correct.float().mean().item(),
-        "response/length_mean": mask.sum(-1).float().mean().item(),
-        "response/length_max": int(mask.sum(-1).max()),
+        **_summary_metrics(tensors),
+        **sampling,
         "minibatches": len(chunks),
-        "advantage/nonzero_frac": (advantages != 0).float().mean().item(),
         "loss": sum(up.losses) / len(up.losses),
         "grad_norm": sum(up.grad_norms) / len(up.grad_norms),
         "grad_norm_max": max(up.grad_norms),
-        "entropy": rl.masked_mean(old.free.entropy, mask).item(),
-        **step_metrics(tensors, up.loss_metrics, replay=s.replay),
+        **step_metrics(tensors, per_minibatch, replay=s.replay),
     }
-    return metrics, tensors
+    return world.broadcast(metrics), tensors
+
+
+def _summary_metrics(t: StepTensors) -> dict[str, float]:
+    """Reward, accuracy, response length, advantage and entropy aggregates of the step."""
+    mask = t.batch.response_mask
+    rewards = t.rewards
+    return {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "accuracy": t.correct.float().mean().item(),
+        "response/length_mean": mask.sum(-1).float().mean().item(),
+        "response/length_max": int(mask.sum(-1).max()),
+        "advantage/nonzero_frac": (t.advantages != 0).float().mean().item(),
+        "entropy": rl.masked_mean(t.entropy, mask).item(),
+    }
+
+
+SUMMED_SAMPLING = ("sampling/groups_drawn", "sampling/groups_dropped", "sampling/groups_filled")
+"""Dynamic-sampling counts that add up over ranks (the others, means of equal shares, are averaged)."""
+
+
+def _merge_ranks(
+    world: World, tensors: StepTensors, up: _Updates, sampling: dict[str, float], s: StepSettings,
+    engine: RolloutEngine,
+) -> tuple[StepTensors | None, list[dict[str, torch.Tensor]], dict[str, float]]:
+    """Every rank's tensors merged on rank 0 into the whole step's, with each minibatch's loss diagnostics
+    re-evaluated over all its rows (the ranks' own are over their rows only); ``None`` elsewhere."""
+    parts = world.gather((tensors, up.loss_inputs, sampling))
+    if parts is None:
+        return None, [], {}
+    merged = cat_step_tensors([p[0] for p in parts], engine.tokenizer.pad_token_id)
+    per_minibatch = []
+    for m, aux in enumerate(up.aux_losses):
+        inputs = cat_loss_inputs([p[1][m] for p in parts if p[1][m] is not None])
+        with torch.no_grad():
+            metrics = rl.compute_loss_parts(s.preset.loss, **inputs).metrics
+        if aux is not None:
+            metrics["objective/router_aux_loss"] = torch.tensor(aux)
+        per_minibatch.append(metrics)
+    combined = {key: (sum if key in SUMMED_SAMPLING else _mean)([p[2][key] for p in parts]) for key in parts[0][2]}
+    return merged, per_minibatch, combined
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -8,7 +8,7 @@ import torch
 
 from moestab.routing import Routes
 from moestab.tasks import Example
-from moestab.train.batch import RolloutBatch
+from moestab.train.batch import RolloutBatch, cat_batches, pad_positions, relay_positions
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class StepTensors:
     routes_old_free: Routes  # free routes under pi_old, with router margin and entropy
     routes_update: torch.Tensor  # [B, L, layers, k] routes that produced logp_update
     routes_new: Routes  # free routes after all updates
+    entropy: torch.Tensor | None = None  # [B, T] pi_old's token entropy (free routing)
 
     @property
     def log_w(self) -> torch.Tensor:
@@ -57,3 +58,50 @@ class StepTensors:
         """``[B]`` -> ``[tokens]``: each response token gets its sequence's value."""
         mask = self.batch.response_mask
         return per_sequence[:, None].expand(mask.shape)[mask]
+
+
+def cat_step_tensors(parts: list[StepTensors], pad_token_id: int) -> StepTensors:
+    """Several processes' step tensors as one step's: rows stacked in order, laid out on the widest prompt and the
+    longest response (as :func:`moestab.train.batch.cat_batches` lays out the batches)."""
+    batch = cat_batches([p.batch for p in parts], pad_token_id)
+    P, T = batch.prompt_len, batch.targets.shape[1]
+    length = batch.input_ids.shape[1]
+
+    def rows(get) -> torch.Tensor:  # [B_r] -> [B]
+        return torch.cat([get(p) for p in parts])
+
+    def tokens(get, fill) -> torch.Tensor:  # [B_r, T_r] -> [B, T]
+        return torch.cat([pad_positions(get(p), T, fill) for p in parts])
+
+    def positions(get) -> torch.Tensor:  # [B_r, L_r, layers, k] -> [B, L, layers, k]
+        return torch.cat([relay_positions(get(p), P - p.batch.prompt_len, length, -1) for p in parts])
+
+    def routes(get) -> Routes:
+        return Routes.cat([get(p).shift(P - p.batch.prompt_len) for p in parts])
+
+    return StepTensors(
+        batch=batch, examples=[e for p in parts for e in p.examples],
+        rewards=rows(lambda p: p.rewards), correct=rows(lambda p: p.correct),
+        advantages=rows(lambda p: p.advantages), minibatch=rows(lambda p: p.minibatch),
+        logp_old=tokens(lambda p: p.logp_old, 0.0), logp_old_free=tokens(lambda p: p.logp_old_free, 0.0),
+        logp_update=tokens(lambda p: p.logp_update, 0.0), logp_new=tokens(lambda p: p.logp_new, 0.0),
+        clipped=tokens(lambda p: p.clipped, False),
+        routes_old=positions(lambda p: p.routes_old), routes_old_free=routes(lambda p: p.routes_old_free),
+        routes_update=positions(lambda p: p.routes_update), routes_new=routes(lambda p: p.routes_new),
+        entropy=None if parts[0].entropy is None else tokens(lambda p: p.entropy, 0.0),
+    )
+
+
+def cat_loss_inputs(parts: list[dict]) -> dict:
+    """Several processes' keyword arguments of one loss call as one call's: tensors stacked along rows
+    (response-aligned ones right-padded to the longest response, outside the mask), settings taken as they are."""
+    out = dict(parts[0])
+    for key, value in parts[0].items():
+        if not torch.is_tensor(value):
+            continue
+        values = [p[key] for p in parts]  # [b_r] or [b_r, T_r, ...]
+        if value.dim() >= 2:
+            width = max(v.shape[1] for v in values)
+            values = [pad_positions(v, width, False if v.dtype == torch.bool else 0) for v in values]
+        out[key] = torch.cat(values)
+    return out

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
 from moestab.train.batch import RolloutBatch, response_mask_from_tokens
+from moestab.train.distributed import full_state_dict, world_from_env
 
 VLLM_HELP = ("install the optional extra (pip install 'moestab[vllm]', vLLM >= 0.33 on Linux with a CUDA GPU), or use "
              "--rollout-engine hf")
@@ -99,24 +100,28 @@ class VLLMRolloutEngine:
         if llm is None:
             import vllm
 
+            world = world_from_env()
             self._snapshot = tempfile.TemporaryDirectory(prefix="moestab-vllm-")
-            model.save_pretrained(self._snapshot.name)
+            model.save_pretrained(self._snapshot.name, state_dict=full_state_dict(model))  # a collective if sharded
             tokenizer.save_pretrained(self._snapshot.name)
             name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+            # Under torchrun every process keeps its own engine on its own GPU, as TRL's colocate mode does
+            # ("external_launcher": vLLM joins the launcher's processes instead of spawning workers).
+            launcher = {"distributed_executor_backend": "external_launcher"} if world.distributed else {}
             llm = vllm.LLM(model=str(Path(self._snapshot.name)), dtype=name[dtype or model.dtype],
-                           enable_return_routed_experts=True, enable_prefix_caching=True, seed=0,
-                           logprobs_mode="processed_logprobs")  # after temperature, as the trainer computes
+                           enable_return_routed_experts=True, enable_prefix_caching=True, seed=world.rank,
+                           logprobs_mode="processed_logprobs",  # after temperature, as the trainer computes
+                           **launcher)
         self.llm = llm
 
     def sync_weights(self) -> None:
-        named = [(k, v.detach()) for k, v in self.policy.state_dict().items()]
+        named = [(k, v.detach()) for k, v in full_state_dict(self.policy).items()]
         self.llm.collective_rpc(_load_weights, args=(named,))
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
         from vllm import SamplingParams  # the stand-in in tests provides it too
 
-        self.sync_weights()
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc.input_ids, enc.attention_mask, strict=True)]

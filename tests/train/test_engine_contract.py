@@ -45,6 +45,7 @@ def test_engine_meets_the_contract_and_agrees_with_the_trainer(kind, vllm_standi
     engine = build(kind, model, tokenizer)
     sites = find_routers(model)
     for _ in range(2):  # the second round after the trainer moved
+        engine.sync_weights()  # the step calls it before every rollout
         batch = engine.generate(PROMPTS, max_new_tokens=6, temperature=0.9)
         check_rollout_batch(batch, num_layers=len(sites), top_k=sites[0].top_k, num_experts=sites[0].num_experts,
                             eos_token_id=tokenizer.eos_token_id)
@@ -93,13 +94,14 @@ def test_routes_from_vllm_lays_out_prompt_and_response_and_refuses_missing_route
                          prompt_width=3, length=5, layers=(0,), num_experts=8)
 
 
-def test_vllm_engine_pushes_weights_before_every_rollout_and_refuses_trr(vllm_standin):
+def test_vllm_engine_pushes_weights_only_when_synced_and_refuses_trr(vllm_standin):
     model, tokenizer = build_embedded_policy()
     llm = FakeVLLM(model, tokenizer)
     engine = VLLMRolloutEngine(model, tokenizer, llm=llm)
+    engine.sync_weights()
     engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)
-    engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)
-    assert llm.rpc_calls == 2
+    engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)  # dynamic sampling's extra round: same weights
+    assert llm.rpc_calls == 1
     with pytest.raises(ValueError, match="returns expert ids, not gate weights: --routing-replay rollout-gates"):
         VLLMRolloutEngine(model, tokenizer, gates=True, llm=llm)
 

@@ -27,6 +27,7 @@ def test_engine_samples_with_a_synchronised_copy_in_its_dtype():
         for p in model.parameters():
             p.add_(0.01)  # the trainer moves on ...
     prompts = [ex.prompt for ex in task_from_spec(TASK).sample(4, random.Random(0))]
+    engine.sync_weights()  # ... the step synchronises the engine ...
     batch = engine.generate(prompts, max_new_tokens=4, temperature=1.0)  # ... and the rollout follows
     for (name, mine), theirs in zip(engine.model.state_dict().items(), model.state_dict().values(), strict=True):
         assert torch.equal(mine, theirs.to(torch.bfloat16)), name

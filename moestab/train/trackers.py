@@ -1,0 +1,124 @@
+"""Experiment trackers ``moestab train --report-to`` logs each step's metrics to: TensorBoard, W&B, trackio.
+
+Every tracker gets the rows of metrics.jsonl under the same keys; a per-layer (or per-minibatch) list becomes one
+series per entry, ``<key>/<index>`` (``routing/old_new/changed_by_layer/0``, ...), and ``null`` is left out. The
+trackers are optional extras: a missing package is refused at start-up, before anything is written. TensorBoard
+and W&B write under the run folder (``tensorboard/``, ``wandb/``); trackio into its own store ($TRACKIO_DIR).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from moestab.configs import ConfigError
+from moestab.records import schema
+
+
+class Tracker(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """metrics.jsonl's row as flat numbers: lists spread over ``key/index``, ``None`` and non-numbers dropped."""
+    out: dict[str, float] = {}
+
+    def put(key: str, value: Any) -> None:
+        if isinstance(value, int | float):  # bool included
+            if math.isfinite(value):  # NaN / inf are null in metrics.jsonl
+                out[key] = float(value)
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                put(f"{key}/{i}", item)
+
+    for key, value in metrics.items():
+        if key != "step":
+            put(key, value)
+    return out
+
+
+class _TensorBoard:
+    def __init__(self, run_dir: Path, name: str, config: dict) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / schema.TENSORBOARD_DIR))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, run_dir: Path, name: str, config: dict) -> None:
+        import wandb
+
+        # Mode, project and entity come from the usual W&B environment (WANDB_MODE=offline, WANDB_PROJECT, ...).
+        self.run = wandb.init(project="moestab", name=name, config=config, dir=str(run_dir), reinit="create_new")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _Trackio:
+    def __init__(self, run_dir: Path, name: str, config: dict) -> None:
+        import trackio
+
+        self.trackio = trackio
+        self.run = trackio.init(project="moestab", name=name, config=config, embed=False)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+TRACKERS: dict[str, tuple[str, Callable[[Path, str, dict], Tracker]]] = {
+    "tensorboard": ("tensorboard", _TensorBoard),
+    "wandb": ("wandb", _WandB),
+    "trackio": ("trackio", _Trackio),
+}
+"""``--report-to`` name -> (the package it needs, its constructor ``(run_dir, run name, config)``)."""
+
+
+def check_trackers(names: tuple[str, ...]) -> None:
+    """Raise ``ConfigError`` for an unknown tracker or one whose package is not installed."""
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")
+        package = TRACKERS[name][0]
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"report_to: {name} needs the package {package!r}, which is not installed; "
+                              f"pip install 'moestab[{name}]' (or drop {name} from --report-to)")
+
+
+@contextmanager
+def open_trackers(names: tuple[str, ...], run_dir: Path, config: dict) -> Iterator[Callable[[dict, int], None]]:
+    """The trackers ``names`` for the run in ``run_dir``, as one ``log(metrics_row, step)``; closed on exit."""
+    opened: list[Tracker] = []
+    try:
+        for name in names:
+            opened.append(TRACKERS[name][1](run_dir, run_dir.name, config))
+
+        def log(metrics: dict, step: int) -> None:
+            flat = scalars(metrics)
+            for tracker in opened:
+                tracker.log(flat, step)
+
+        yield log
+    finally:
+        for tracker in opened:
+            tracker.close()

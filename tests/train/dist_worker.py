@@ -1,0 +1,19 @@
+"""One training process of the multi-process tests: ``torchrun ... dist_worker.py CONFIG_JSON ENGINE``.
+
+Runs ``moestab.train.train`` with a test rollout engine (tests/train/distributed_engines.py), which the command
+line cannot choose.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `tests` is a package
+
+from moestab.configs import build_config
+from moestab.train import TrainConfig, train
+from tests.train.distributed_engines import ENGINES
+
+if __name__ == "__main__":
+    config = build_config(TrainConfig, json.loads(sys.argv[1]))
+    train(config, rollout_engine=ENGINES[sys.argv[2]])

@@ -1,0 +1,84 @@
+"""`--report-to`: each step's metrics reach TensorBoard, W&B (offline) and trackio under metrics.jsonl's keys."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moestab.configs import ConfigError
+from moestab.records import schema
+from moestab.train import trackers
+from moestab.train.trackers import check_trackers, scalars
+
+from .helpers import TASK, tiny_config
+
+
+def test_scalars_spread_lists_over_indices_and_drop_nulls():
+    row = {"step": 3, "loss": 0.5, "routing/old_new/changed_by_layer": [0.25, 0.0],
+           "experts/load": [[0.5, 0.5], [1.0, 0.0]], "loss/kl/ref_k3": None, "nan": float("nan"), "minibatches": 4}
+    assert scalars(row) == {
+        "loss": 0.5, "minibatches": 4.0,  # the step is the tracker's x axis, not a series
+        "routing/old_new/changed_by_layer/0": 0.25, "routing/old_new/changed_by_layer/1": 0.0,
+        "experts/load/0/0": 0.5, "experts/load/0/1": 0.5, "experts/load/1/0": 1.0, "experts/load/1/1": 0.0,
+    }
+
+
+def test_unknown_or_missing_trackers_are_refused_before_anything_is_written(tmp_path, cache_dir, monkeypatch):
+    with pytest.raises(ConfigError, match="report_to: unknown tracker 'mlflow'; valid: tensorboard, wandb, trackio"):
+        check_trackers(("mlflow",))
+    monkeypatch.setitem(trackers.TRACKERS, "wandb", ("no_such_package_moestab", None))
+    with pytest.raises(ConfigError, match=r"report_to: wandb needs the package 'no_such_package_moestab', which is "
+                                          r"not installed; pip install 'moestab\[wandb\]'"):
+        tiny_config(tmp_path / "run", cache_dir, report_to=("tensorboard", "wandb"))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_every_tracker_gets_every_step_under_the_metrics_keys(tmp_path, cache_dir):
+    pytest.importorskip("tensorboard", reason="optional extra moestab[tensorboard]")
+    pytest.importorskip("wandb", reason="optional extra moestab[wandb]")
+    pytest.importorskip("trackio", reason="optional extra moestab[trackio]")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "TRACKIO_DIR": str(tmp_path / "trackio"),
+           "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "moestab", "train", "--report-to", "tensorboard,wandb,trackio", "--steps", "2",
+               "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "8",
+               "--warm-start-max-steps", "0", "--cache-dir", str(cache_dir), "--out", str(out), "--no-progress",
+               "--task", TASK]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / schema.METRICS_JSONL).read_text().splitlines()]
+    expected = [scalars(row) for row in rows]
+    assert len(rows) == 2 and "routing/old_new/changed_by_layer/3" in expected[0]
+
+    # TensorBoard: event files read back, every scalar at its step.
+    events = EventAccumulator(str(out / schema.TENSORBOARD_DIR), size_guidance={"scalars": 0})
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == set(expected[0]) | set(expected[1])  # eval/accuracy: at the end only
+    for key in events.Tags()["scalars"]:
+        logged = {e.step: e.value for e in events.Scalars(key)}
+        wanted = {step: values[key] for step, values in zip((1, 2), expected, strict=True) if key in values}
+        assert logged == pytest.approx(wanted, rel=1e-6, abs=1e-12), key  # event files keep float32
+
+    # trackio: its SQLite store holds one row per step with every key.
+    with sqlite3.connect(tmp_path / "trackio" / "moestab.db") as db:
+        stored = {step: json.loads(metrics) for step, metrics in db.execute("select step, metrics from metrics")}
+    assert sorted(stored) == [1, 2]
+    for step, values in zip((1, 2), expected, strict=True):
+        assert {k: stored[step][k] for k in values} == pytest.approx(values, rel=1e-12), step
+
+    # W&B offline: the run's record file holds every key and each step's values as JSON text.
+    (record,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data = Path(record).read_bytes()
+    for values in expected:
+        assert all(key.encode() in data for key in values)
+        assert json.dumps(values["loss"]).encode() in data and json.dumps(values["grad_norm"]).encode() in data
