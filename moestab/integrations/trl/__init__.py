@@ -1,0 +1,70 @@
+"""moestab's routing records inside TRL's ``GRPOTrainer`` (GRPO and GSPO): ``pip install trl`` (tested: trl 1.16).
+
+    from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
+
+    trainer = MoestabGRPOTrainer(model=model, args=GRPOConfig(...), reward_funcs=reward, train_dataset=data,
+                                 moestab=RecordSettings("runs/trl-gspo"))
+    trainer.train()  # runs/trl-gspo: run.json, metrics.jsonl, tokens/ (docs/run-format.md)
+
+``RoutingRecords`` is the same as a mixin for a ``GRPOTrainer`` subclass of your own. The run folder is written by
+``moestab.records`` with the step metrics and token tables of ``moestab train`` (``moestab.train.step_metrics``,
+``moestab.train.token_table``), so ``moestab analyze`` and the dashboard read it unchanged.
+
+**Why a subclass hook, not a ``TrainerCallback``.** Callbacks receive the model but never the batch: the
+advantages (hence which ratios the loss clipped) and TRL's pi_old log-probs are only in the micro-batch that
+``Trainer.compute_loss`` receives. ``RoutingRecords`` overrides ``train``, ``training_step`` and ``compute_loss``
+(methods ``transformers.Trainer`` documents for overriding), each calling TRL's own, and adds a callback for the end
+of each optimizer step. TRL's classes are not patched.
+
+**A step** is one TRL generation batch and the optimizer steps made from it (``steps_per_generation *
+num_iterations / gradient_accumulation_steps`` of them: moestab's minibatches). Hooks (``RoutingRecorder`` and
+:class:`~moestab.integrations.trl.capture.ForwardCapture`) are installed around each ``training_step`` and removed
+on exit. Per step:
+
+- *rollout*: the routes of TRL's ``model.generate()`` (prefill and KV-cached decode steps) and each sampled token's
+  log-prob under ``softmax(logits / T)`` of the step that sampled it, ``T`` the temperature of TRL's generation
+  config. Exact for TRL's default sampling; with ``top_k``, ``top_p < 1``, ``min_p``, ``repetition_penalty != 1``
+  or ``do_sample=False`` the engine sampled from another distribution, and ``logp_rollout`` is still the
+  untruncated one at ``T`` (the distribution TRL's trainer side scores).
+- *pi_old*: when TRL computes it (``steps_per_generation * num_iterations > gradient_accumulation_steps``: more
+  than one optimizer step per generation batch), its no-grad forward, checked equal to the
+  ``old_per_token_logps`` TRL's ratio used. Otherwise TRL's ratio is exactly 1 (it uses the loss forward's own
+  log-probs, detached) and pi_old is the loss forward itself, so ``log_w`` and update->old drift are exactly 0.
+- *update*: TRL's loss forward of each micro-batch; with ``num_iterations > 1`` each sequence is trained on
+  several times and the last pass is kept (its ``minibatch`` is the optimizer step of that pass).
+- *pi_new*: one more no-grad forward after the step's last optimizer step, on exactly pi_old's inputs and chunks
+  (TRL's own kwargs, under its autocast), so with no update in between old->new volatility is exactly 0. This is
+  the recorder's main cost (docs/benchmarks.md): ``RecordSettings(new_fraction=f)`` re-runs only the first share
+  ``f`` of pi_old's chunks (old->new is then measured on those sequences), ``every=N`` records every N-th step.
+- *clipped*: ``moestab.rl.compute_clipped_mask`` with TRL's ``epsilon``/``epsilon_high``,
+  ``importance_sampling_level`` and advantages (``ppo-clip`` for grpo/bnpo/dr_grpo/dapo/luspo, ``cispo`` for
+  cispo; cross-checked against TRL's loss in tests/rl/test_trl_crosscheck.py). TRL's ``delta``, entropy mask and
+  off-policy mask change the loss, not which ratios are clipped, and are not reflected.
+
+**Not available, never made up:** the per-sequence *reward* (TRL keeps only the advantages in the micro-batch), so
+the token tables' ``reward`` column is NaN and ``reward/mean``, ``accuracy`` and ``eval/accuracy`` are not
+written; TRL's loss terms, grad norm and KL (``loss``, ``grad_norm``, ``loss/*``: TRL logs them itself). Not
+supported (refused with the reason before training): vLLM and continuous-batching generation (generation outside
+the policy module's forward), several processes, tools / environments / ``rollout_func`` (completions hold tokens
+the policy did not sample), loss types ``sapo`` and ``vespo`` (no clipped ratio), resuming from a checkpoint. A
+generation batch cut off by the end of training is not written.
+
+**Differences from ``moestab train`` that are TRL's.** TRL runs pi_old in its own chunks of the unshuffled batch
+and the updates on shuffled micro-batches, so the first update's ``log_w`` is 0 only up to batch-composition
+rounding (not bit for bit). With ``bf16=True`` (``GRPOConfig``'s default) TRL's ``generate()`` and its scoring
+forwards disagree more (on the test's tiny model on CPU, max |d logp| 7e-3 against 1e-6 with ``bf16=False``): the
+recorded rollout->trainer mismatch includes that gap, as it should. Tested on CPU with
+Qwen3-MoE, DeepSeek-V3, GPT-OSS and Mixtral; PEFT models and reference models (``beta > 0``) are untested.
+"""
+
+try:
+    import trl  # noqa: F401  (the integration's dependency, checked here so the error says what to install)
+except ModuleNotFoundError as exc:
+    if exc.name != "trl":
+        raise
+    raise ImportError("moestab.integrations.trl needs TRL: pip install trl (tested with trl 1.16)") from exc
+
+from moestab.integrations.trl.settings import RecordSettings
+from moestab.integrations.trl.trainer import MoestabGRPOTrainer, RoutingRecords, TrlRecords
+
+__all__ = ["MoestabGRPOTrainer", "RecordSettings", "RoutingRecords", "TrlRecords"]

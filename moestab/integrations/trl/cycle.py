@@ -1,0 +1,302 @@
+"""One TRL generation cycle as a moestab step: the captured forwards laid out as ``StepTensors``.
+
+Rows are put in generation order (TRL's generation batch: ``num_generations`` consecutive rows per prompt). TRL
+shuffles the batch before splitting it into micro-batches, so each micro-batch row is matched back to the
+generated sequence whose tokens it holds (identical sequences are interchangeable: same prompt, same tokens).
+The layout is moestab's (``moestab.train.batch``): input = prompt + completion[:-1], ``L = P + C - 1``; the routes
+of a response token are those of the position that predicts it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from moestab.integrations.trl.capture import GenerationCall, ScoringCall
+from moestab.integrations.trl.settings import ClipRule, CycleLayout
+from moestab.routing import RecordingError, Routes
+from moestab.tasks import Example
+from moestab.train.batch import RolloutBatch
+from moestab.train.step_tensors import StepTensors
+
+
+@dataclass(frozen=True)
+class LossStep:
+    """One ``training_step`` of the cycle: TRL's micro-batch and the loss forward on it."""
+
+    inputs: dict[str, Any]
+    """TRL's micro-batch: ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ``advantages``
+    and, when TRL computed pi_old, ``old_per_token_logps``."""
+    call: ScoringCall
+
+
+@dataclass
+class CycleRecord:
+    """What one recorded generation cycle captured, in order."""
+
+    generation: GenerationCall
+    old_calls: list[ScoringCall]
+    """The no-grad scoring forwards after generating: TRL's pi_old forward (none when TRL computes none: pi_old is
+    then the loss forward), followed with PEFT by its reference forward."""
+    steps: list[LossStep]
+    started: float
+    """``time.perf_counter()`` when its first micro-step began."""
+
+
+def rollout_ids(gen: GenerationCall) -> torch.Tensor:
+    """``[N, P + C - 1]``: the generated sequences as the policy was fed them (the last token never is)."""
+    return torch.cat([gen.prompt_ids, gen.fed.to(gen.prompt_ids.device)], dim=1)
+
+
+def _keys(ids: torch.Tensor) -> list[bytes]:
+    rows = ids.detach().to("cpu", torch.int64).contiguous().numpy()  # [n, L]
+    return [row.tobytes() for row in rows]
+
+
+def match_rows(pool: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """For each row of each part ``[b, L]``, the row of ``pool`` ``[N, L]`` holding the same tokens.
+
+    Each pool row is used once; identical rows are assigned in order. Raises ``RecordingError`` when a row has no
+    match left (the parts are not a re-ordering of ``pool``'s rows).
+    """
+    free: dict[bytes, deque[int]] = defaultdict(deque)
+    for index, key in enumerate(_keys(pool)):
+        free[key].append(index)
+    out = []
+    for part in parts:
+        rows = []
+        for key in _keys(part):
+            if not free[key]:
+                raise RecordingError("a trained sequence matches no generated one: TRL's micro-batches are not a "
+                                     "re-ordering of its last generation batch")
+            rows.append(free[key].popleft())
+        out.append(torch.tensor(rows, dtype=torch.long))
+    return out
+
+
+def _inverse(rows: Sequence[torch.Tensor], n: int) -> torch.Tensor:
+    """``[n]``: where each pool row sits in ``cat(rows)``; raises unless ``cat(rows)`` is a permutation of ``n``."""
+    order = torch.cat(list(rows))  # [n]
+    if order.numel() != n or not torch.equal(order.sort().values, torch.arange(n)):
+        raise RecordingError(f"the recorded forwards cover {order.numel()} rows, not each of the {n} generated once")
+    inverse = torch.empty(n, dtype=torch.long)
+    inverse[order] = torch.arange(n)
+    return inverse
+
+
+def gather_rows(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], n: int) -> torch.Tensor:
+    """Per-row tensors of several parts ``[b_i, ...]`` put in pool order ``[n, ...]``."""
+    return torch.cat([p.detach().cpu() for p in parts])[_inverse(rows, n)]
+
+
+def scatter_rows(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], n: int, fill: float) -> torch.Tensor:
+    """Like :func:`gather_rows` for parts that cover only some pool rows: the others hold ``fill``."""
+    values = torch.cat([p.detach().cpu() for p in parts])  # [covered, ...]
+    out = values.new_full((n, *values.shape[1:]), fill)  # [n, ...]
+    out[torch.cat(list(rows))] = values
+    return out
+
+
+def _positions(routes: Routes, length: int) -> Routes:
+    """The first ``length`` input positions of ``routes``."""
+
+    def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[:, :length]
+
+    return replace(routes, indices=routes.indices[:, :length], margin=cut(routes.margin), entropy=cut(routes.entropy),
+                   confidence=cut(routes.confidence), router_logprobs=cut(routes.router_logprobs),
+                   slot_scores=cut(routes.slot_scores), gates=cut(routes.gates))
+
+
+def gather_routes(parts: Sequence[Routes], rows: Sequence[torch.Tensor], n: int, length: int) -> Routes:
+    """Routes of several forwards over the same positions, first ``length`` positions, in pool order."""
+    cat = Routes.cat([_positions(p.to("cpu"), length) for p in parts])  # [n, length, layers, k]
+    return replace(cat.select(_inverse(rows, n)), rows=None)
+
+
+def scatter_routes(parts: Sequence[Routes], rows: Sequence[torch.Tensor], n: int, length: int) -> Routes:
+    """Like :func:`gather_routes` for parts that cover only some pool rows: the others are not recorded (-1);
+    router statistics are not kept."""
+    cat = Routes.cat([_positions(p.to("cpu"), length) for p in parts])  # [covered, length, layers, k]
+    indices = scatter_rows([cat.indices], rows, n, -1)  # [n, length, layers, k]
+    return Routes(indices=indices, layers=cat.layers, num_experts=cat.num_experts)
+
+
+def _entropy(call: ScoringCall, prompt_len: int) -> torch.Tensor:
+    """``[b, C]`` entropy of the distribution of each completion token."""
+    if call.entropy is None:
+        raise RecordingError("TRL's scoring forward returned no entropy")
+    return call.entropy[:, prompt_len - 1 :].float()  # [b, C]
+
+
+def last_pass(steps: Sequence[LossStep], layout: CycleLayout) -> list[tuple[int, LossStep]]:
+    """``(micro-step index, step)`` of the last pass over the generation batch (``num_iterations`` > 1 trains on
+    each micro-batch several times; moestab keeps a sequence's last update, the one furthest from pi_old)."""
+    if len(steps) != layout.micro_steps:
+        raise RecordingError(f"the cycle ran {len(steps)} micro-steps, expected {layout.micro_steps}")
+    start = layout.micro_steps - layout.micro_per_pass
+    return list(enumerate(steps))[start:]
+
+
+@dataclass(frozen=True)
+class AssembledStep:
+    """A cycle as moestab sees a step: its tensors and the pi_old entropy (for the ``entropy`` metric)."""
+
+    tensors: StepTensors
+    entropy_old: torch.Tensor  # [N, C]
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """One policy's forwards over the generation batch, in generation order."""
+
+    logp: torch.Tensor  # [N, C] log-prob of each completion token
+    routes: Routes  # [N, L, layers, k], with router statistics when they were recorded
+    entropy: torch.Tensor  # [N, C]
+
+
+def _policy(calls: Sequence[ScoringCall], rows: Sequence[torch.Tensor], n: int, prompt_len: int, *,
+            partial: bool = False) -> _Policy:
+    """``calls`` (chunks of the batch; ``rows``: each chunk's generation rows) as one batch in generation order.
+    ``partial``: the chunks cover only some rows; the others get NaN log-probs and entropies and no routes (-1)."""
+    length = calls[0].input_ids.shape[1] - 1  # TRL feeds the last completion token too: it predicts nothing
+    logp = [c.log_probs[:, prompt_len - 1 :].float() for c in calls]  # TRL's log_probs[:, -C:]
+    entropy = [_entropy(c, prompt_len) for c in calls]
+    if partial:
+        return _Policy(logp=scatter_rows(logp, rows, n, float("nan")),
+                       routes=scatter_routes([c.routes for c in calls], rows, n, length),
+                       entropy=scatter_rows(entropy, rows, n, float("nan")))
+    return _Policy(logp=gather_rows(logp, rows, n), routes=gather_routes([c.routes for c in calls], rows, n, length),
+                   entropy=gather_rows(entropy, rows, n))
+
+
+def _trained_rows(final: Sequence[tuple[int, LossStep]], pool: torch.Tensor, prompt_len: int) -> list[torch.Tensor]:
+    """Generation rows of each micro-batch of the last pass, matched by their tokens."""
+    length = pool.shape[1]
+    completion_len = length - prompt_len + 1
+    for _, step in final:
+        shape = (step.inputs["prompt_ids"].shape[1], step.inputs["completion_ids"].shape[1])
+        if shape != (prompt_len, completion_len):
+            raise RecordingError(f"TRL trained on prompts x completions of {shape}, but generated {prompt_len} x "
+                                 f"{completion_len}: moestab cannot align the rollout's routes")
+    trained = [torch.cat([s.inputs["prompt_ids"], s.inputs["completion_ids"]], 1)[:, :length] for _, s in final]
+    return match_rows(pool, trained)
+
+
+def _rollout_logp(gen: GenerationCall, completion: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N, C]``: each completion token's log-prob under the generation step that sampled it (0 off ``mask``)."""
+    last = gen.last_logp.cpu().gather(-1, completion[:, -1:].to(torch.long))  # [N, 1] the never-fed last token
+    return torch.cat([gen.fed_logp.cpu(), last], dim=1).masked_fill(~mask, 0.0)  # [N, C]
+
+
+def assemble(
+    cycle: CycleRecord,
+    new_calls: Sequence[ScoringCall],
+    *,
+    layout: CycleLayout,
+    clip: ClipRule,
+    group_size: int,
+    decode: Callable[[torch.Tensor], list[str]],
+) -> AssembledStep:
+    """The cycle's ``StepTensors``. ``new_calls`` are pi_new's forwards, run after the cycle's last optimizer step on
+    exactly the inputs of :func:`pi_old_calls`, in order: all of them, or the first few (the sequences of the others
+    then have no pi_new: routes -1, log-probs NaN)."""
+    gen = cycle.generation
+    pool = rollout_ids(gen).cpu()  # [N, L]
+    n, prompt_len = gen.prompt_ids.shape
+    final = last_pass(cycle.steps, layout)
+    rows = _trained_rows(final, pool, prompt_len)
+
+    def batch_col(name: str) -> torch.Tensor:  # a column of TRL's micro-batches, in generation order
+        return gather_rows([step.inputs[name] for _, step in final], rows, n)
+
+    completion = batch_col("completion_ids")  # [N, C]
+    prompt_mask, completion_mask = batch_col("prompt_mask"), batch_col("completion_mask")  # [N, P], [N, C]
+    response_mask = completion_mask.bool()  # [N, C]
+    advantages = batch_col("advantages").float()  # [N]
+    if advantages.dim() != 1:
+        raise RecordingError(f"advantages of shape {tuple(advantages.shape)}: moestab records one per sequence")
+    optimizer_step = [torch.full((len(r),), i // layout.grad_accum) for (i, _), r in zip(final, rows, strict=True)]
+    update = _policy([step.call for _, step in final], rows, n, prompt_len)
+
+    old_calls = pi_old_calls(cycle, layout)
+    old_rows = _in_order([c.input_ids.shape[0] for c in old_calls]) if layout.old_forward else rows
+    old = _policy(old_calls, old_rows, n, prompt_len)
+    if layout.old_forward:
+        if not torch.equal(torch.cat([c.input_ids[:, : pool.shape[1]].cpu() for c in old_calls]), pool):
+            raise RecordingError("TRL's pi_old forward did not score the generated sequences in generation order")
+        if not torch.equal(batch_col("old_per_token_logps").float(), old.logp):  # what TRL's ratio used
+            raise RecordingError("TRL's old_per_token_logps differ from its pi_old forward's log-probs")
+    # else TRL's ratio is exactly 1 (old_per_token_logps is the loss forward's own, detached): old == update.
+    if not 0 < len(new_calls) <= len(old_calls):
+        raise RecordingError(f"pi_new ran {len(new_calls)} forwards for pi_old's {len(old_calls)}")
+    new = _policy(new_calls, old_rows[: len(new_calls)], n, prompt_len, partial=len(new_calls) < len(old_calls))
+
+    batch = RolloutBatch(
+        input_ids=pool,
+        attention_mask=torch.cat([prompt_mask, completion_mask], dim=1)[:, : pool.shape[1]],  # [N, L]
+        targets=completion,
+        response_mask=response_mask,
+        logp_rollout=_rollout_logp(gen, completion, response_mask),
+        routes=replace(gen.routes.to("cpu"), rows=None),  # [N, L, layers, k]
+        prompt_len=prompt_len,
+        completions=decode(completion),  # TRL pads after the first EOS; decode drops special tokens
+    )
+    tensors = StepTensors(
+        batch=batch,
+        examples=_examples(pool[:, :prompt_len], group_size, decode),
+        rewards=torch.full((n,), float("nan")),  # not in TRL's micro-batches (only the advantages are)
+        correct=torch.zeros(n, dtype=torch.bool),  # unknown and never written: no task scores TRL's completions
+        advantages=advantages,
+        minibatch=gather_rows(optimizer_step, rows, n),  # [N]
+        logp_old=old.logp,
+        logp_old_free=old.logp,  # TRL replays no routes: pi_old as used is the free one
+        logp_update=update.logp,
+        logp_new=new.logp,
+        clipped=clip.mask(update.logp, old.logp, advantages, response_mask),
+        routes_old=old.routes.indices,
+        routes_old_free=old.routes,
+        routes_update=update.routes.indices,
+        routes_new=new.routes,
+    )
+    return AssembledStep(tensors, old.entropy)
+
+
+def pi_old_calls(cycle: CycleRecord, layout: CycleLayout) -> list[ScoringCall]:
+    """The forwards that computed pi_old: TRL's no-grad pi_old forward (its first no-grad scoring calls, one row
+    per generated sequence; a PEFT reference forward may follow) or, when TRL has none, the last pass's loss
+    forwards (pi_old's weights are still the trained ones then). pi_new replays exactly these inputs."""
+    if not layout.old_forward:
+        return [step.call for _, step in last_pass(cycle.steps, layout)]
+    n = cycle.generation.prompt_ids.shape[0]
+    taken, rows = [], 0
+    for call in cycle.old_calls:
+        if rows == n:
+            break
+        taken.append(call)
+        rows += call.input_ids.shape[0]
+    if rows != n:
+        raise RecordingError(f"TRL's pi_old forward scored {rows} rows, expected the {n} generated")
+    return taken
+
+
+def _in_order(sizes: Sequence[int]) -> list[torch.Tensor]:
+    """Rows of consecutive chunks of ``sizes`` rows: ``[0..b0), [b0..b0+b1), ...``."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [torch.arange(s, s + b) for s, b in zip(starts, sizes, strict=True)]
+
+
+def _examples(prompts: torch.Tensor, group_size: int, decode: Callable[[torch.Tensor], list[str]]) -> list[Example]:
+    """One ``Example`` per prompt group ``[N, P]`` -> ``N / G``; the reference answer is TRL's reward functions'
+    business, so it is left empty (it is never written)."""
+    n = prompts.shape[0]
+    if n % group_size:
+        raise RecordingError(f"{n} generated sequences are not groups of num_generations={group_size}")
+    groups = prompts.view(n // group_size, group_size, -1)  # [groups, G, P]
+    if not torch.equal(groups, groups[:, :1].expand_as(groups)):
+        raise RecordingError(f"the generation batch is not {group_size} consecutive rows per prompt")
+    return [Example(prompt=text, answer="") for text in decode(groups[:, 0])]

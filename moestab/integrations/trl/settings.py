@@ -1,0 +1,169 @@
+"""What moestab records inside TRL's ``GRPOTrainer``, and which TRL settings it can record: pure functions of the
+``GRPOConfig``, checked before training starts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moestab import rl
+
+PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+"""TRL loss types that clip the ratio as PPO does (``min(w A, clip(w) A)``): moestab's ``ppo-clip``."""
+SUPPORTED_LOSSES = (*PPO_CLIP_LOSSES, "cispo")
+"""TRL loss types whose clipping moestab defines (``sapo`` and ``vespo`` clip no ratio; they are refused)."""
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """Where and what to record; the TRL settings themselves come from the trainer's ``GRPOConfig``."""
+
+    run_dir: str | Path
+    """The run folder to create (docs/run-format.md)."""
+    record_fraction: float = 1.0
+    """Share of each step's sequences written to the per-token table; the metrics always use every sequence."""
+    record_layers: tuple[int, ...] | None = None
+    """Decoder-layer indices of the MoE layers the per-token table keeps (default: all)."""
+    every: int = 1
+    """Record every ``every``-th generation cycle; the others run with no hook and no extra forward."""
+    new_fraction: float = 1.0
+    """Share of pi_old's forward chunks that pi_new re-runs after the updates (at least one chunk), in order: pi_new
+    costs about this share of a no-grad forward of the batch. Sequences left out have no pi_new (routes -1,
+    ``logp_new`` NaN), so old->new volatility is measured on the others only."""
+    overwrite: bool = False
+    """Delete a finished, failed or stopped run already in ``run_dir`` first (never another kind of folder)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.record_fraction <= 1.0:
+            raise ValueError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
+        if not 0.0 < self.new_fraction <= 1.0:
+            raise ValueError(f"new_fraction must be in (0, 1], got {self.new_fraction}")
+
+    def new_chunks(self, chunks: int) -> int:
+        """How many of pi_old's ``chunks`` forward chunks pi_new re-runs."""
+        return max(1, math.ceil(self.new_fraction * chunks - 1e-9))
+
+
+@dataclass(frozen=True)
+class CycleLayout:
+    """How TRL consumes one generation batch: the unit moestab calls a step.
+
+    TRL generates once every ``steps_per_generation * num_iterations`` micro-steps (``training_step`` calls): the
+    generation batch is split into ``steps_per_generation`` micro-batches, each used once per pass, for
+    ``num_iterations`` passes; every ``gradient_accumulation_steps`` micro-steps end in an optimizer step.
+    """
+
+    micro_per_pass: int
+    """``steps_per_generation``: micro-batches the generation batch is split into."""
+    passes: int
+    """``num_iterations``: times each micro-batch is trained on."""
+    grad_accum: int
+    """``gradient_accumulation_steps``: micro-steps per optimizer step."""
+
+    @property
+    def micro_steps(self) -> int:
+        return self.micro_per_pass * self.passes
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per generation batch: moestab's minibatch updates of one step."""
+        return self.micro_steps // self.grad_accum
+
+    @property
+    def old_forward(self) -> bool:
+        """TRL computes pi_old in a no-grad forward after generating (its own condition, without vLLM); otherwise
+        the whole generation batch is trained on in one optimizer step and pi_old is the loss forward itself."""
+        return self.grad_accum % self.micro_steps != 0
+
+
+def cycle_layout(args: Any) -> CycleLayout:
+    """The ``CycleLayout`` of a ``GRPOConfig``; ``ValueError`` when a generation batch does not end on an optimizer
+    step (moestab's step is one generation batch and the updates made from it)."""
+    layout = CycleLayout(micro_per_pass=int(args.steps_per_generation), passes=int(args.num_iterations),
+                         grad_accum=int(args.gradient_accumulation_steps))
+    if layout.micro_steps % layout.grad_accum:
+        raise ValueError(
+            f"steps_per_generation * num_iterations = {layout.micro_steps} is not a multiple of "
+            f"gradient_accumulation_steps = {layout.grad_accum}: a generation batch would end inside an optimizer "
+            "step, and moestab's step is one generation batch and its updates; make it a multiple"
+        )
+    return layout
+
+
+def check_supported(args: Any) -> None:
+    """``ValueError`` naming each ``GRPOConfig`` setting whose runs moestab cannot record faithfully."""
+    problems = []
+    if args.use_vllm:
+        problems.append("use_vllm=True: vLLM generates outside the policy module, so its routes cannot be hooked")
+    if args.use_transformers_continuous_batching:
+        problems.append("use_transformers_continuous_batching=True: generate_batch's paged calls are not recorded")
+    if args.world_size > 1:
+        problems.append(f"{args.world_size} processes: each sees only its slice of the batch (one process only)")
+    if args.loss_type not in SUPPORTED_LOSSES:
+        problems.append(f"loss_type={args.loss_type!r}: no clipped ratio to record; supported: {SUPPORTED_LOSSES}")
+    if args.loss_type == "cispo" and args.importance_sampling_level != "token":
+        problems.append("loss_type='cispo' with importance_sampling_level='sequence': moestab's CISPO is token-level")
+    if args.importance_sampling_level not in ("token", "sequence"):
+        problems.append(f"importance_sampling_level={args.importance_sampling_level!r}")
+    if problems:
+        raise ValueError("moestab cannot record this GRPOTrainer run: " + "; ".join(problems))
+    cycle_layout(args)
+
+
+@dataclass(frozen=True)
+class ClipRule:
+    """TRL's loss as the moestab loss whose ``clipped`` flags mean the same (tests/rl/test_trl_crosscheck.py)."""
+
+    loss: str
+    kwargs: dict[str, Any]
+
+    def mask(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` bool: tokens whose governing ratio was clipped (``moestab.rl.compute_clipped_mask``)."""
+        return rl.compute_clipped_mask(self.loss, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+                                       **self.kwargs)
+
+
+def clip_rule(args: Any) -> ClipRule:
+    """The ``ClipRule`` of a ``GRPOConfig`` (``epsilon_high`` defaults to ``epsilon``, as in TRL)."""
+    low = float(args.epsilon)
+    high = float(args.epsilon if args.epsilon_high is None else args.epsilon_high)
+    if args.loss_type == "cispo":  # TRL caps w at epsilon_high itself, with no lower bound
+        return ClipRule("cispo", {"level": "token", "clip_low": 1.0, "clip_high": high - 1.0,
+                                  "aggregation": "token-mean"})
+    # The aggregation does not change which tokens are clipped; token-mean needs no normalising constant.
+    return ClipRule("ppo-clip", {"level": args.importance_sampling_level, "clip_low": low, "clip_high": high,
+                                 "aggregation": "token-mean"})
+
+
+RECORDED_ARGS = (
+    "loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta", "learning_rate",
+    "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+    "num_iterations", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "scale_rewards", "mask_truncated_completions", "top_entropy_quantile", "off_policy_mask_threshold",
+    "max_grad_norm", "bf16", "fp16", "gradient_checkpointing", "seed", "max_steps",
+)
+"""``GRPOConfig`` fields copied to run.json's ``config.trl``: what the recorded numbers depend on."""
+
+
+def run_config(args: Any, *, model: str, steps: int, settings: RecordSettings) -> dict[str, Any]:
+    """run.json ``config`` of a TRL run: the keys every run has (``algo``, ``routing_replay``, ``model``,
+    ``steps``), the recording settings, and the TRL settings under ``trl``."""
+    return {
+        "trainer": "trl.GRPOTrainer",
+        "algo": f"trl-{args.loss_type}-{args.importance_sampling_level}",
+        "routing_replay": "off",  # TRL replays no routes
+        "model": model,
+        "steps": steps,
+        "record_fraction": settings.record_fraction,
+        "record_layers": None if settings.record_layers is None else list(settings.record_layers),
+        "record_every": settings.every,
+        "record_new_fraction": settings.new_fraction,
+        "trl": {name: getattr(args, name, None) for name in RECORDED_ARGS},
+    }

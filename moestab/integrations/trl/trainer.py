@@ -1,0 +1,292 @@
+"""``RoutingRecords``: the subclass hook that makes TRL's ``GRPOTrainer`` write a moestab run folder.
+
+It overrides only methods ``transformers.Trainer`` documents for overriding (``train``, ``training_step``,
+``compute_loss``) and adds a ``TrainerCallback`` for the end of each optimizer step; every override calls TRL's
+own method unchanged. :class:`TrlRecords` holds the recording state, so the trainer class stays three delegations.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+import trl
+import yaml
+from transformers import TrainerCallback
+
+from moestab import rl
+from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
+from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls
+from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
+from moestab.records import schema
+from moestab.records.errors import RunError
+from moestab.records.run_info import ModelInfo, read_run_info
+from moestab.records.writer import RunWriter
+from moestab.routing import RecordingError, RoutingRecorder, find_routers
+from moestab.train.step_metrics import step_metrics
+from moestab.train.token_table import token_table
+
+LOSS_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps")
+"""The keys of TRL's micro-batch that a step's records use."""
+
+UNSUPPORTED_FEATURES = {
+    "tools": "tool calls put tool output inside completions",
+    "rollout_func": "a custom rollout function generates outside the policy's generate()",
+    "environment_factories": "environments generate multi-turn episodes",
+}
+"""``GRPOTrainer`` features whose completions moestab cannot align with the policy's generate() calls."""
+
+
+def prepare_run_dir(run_dir: Path, *, overwrite: bool) -> None:
+    """Check that a new run may be written to ``run_dir`` (absent, empty, or with ``overwrite`` a run that is not
+    running, which is then deleted); ``FileExistsError`` saying what is there otherwise."""
+    if not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())):
+        return
+    try:
+        info = read_run_info(run_dir)
+    except RunError as exc:
+        raise FileExistsError(f"{run_dir} exists and is not a moestab run folder ({exc}); "
+                              "choose another run_dir") from exc
+    status = info.live_status()
+    if status == schema.STATUS_RUNNING:
+        raise FileExistsError(f"{run_dir} holds a run still being written by process {info.writer.get('pid')}")
+    if not overwrite:
+        raise FileExistsError(f"{run_dir} already holds a run ({status}, last step {info.last_step}); choose another "
+                              "run_dir or RecordSettings(..., overwrite=True)")
+    shutil.rmtree(run_dir)
+
+
+def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
+    """``[n]`` sorted rows of a step written to its per-token table (all of them at fraction 1)."""
+    if fraction >= 1.0:
+        return torch.arange(batch_size)
+    keep = max(1, round(fraction * batch_size))
+    return torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed))[:keep].sort().values
+
+
+class TrlRecords:
+    """The recording state of one trainer: settings checked at construction, one ``CycleRecord`` at a time.
+
+    A cycle (moestab's step) is one TRL generation batch and the optimizer steps made from it. It is recorded if
+    its index is a multiple of ``settings.every``: each ``training_step`` of it runs inside a ``ForwardCapture``;
+    after its last optimizer step pi_new is computed and the step is written.
+    """
+
+    def __init__(self, trainer: Any, settings: RecordSettings) -> None:
+        args = trainer.args
+        check_supported(args)
+        for name, why in UNSUPPORTED_FEATURES.items():
+            if getattr(trainer, name, None):
+                raise ValueError(f"moestab cannot record this GRPOTrainer run: {name} is set ({why})")
+        self.trainer, self.settings = trainer, settings
+        self.layout, self.clip = cycle_layout(args), clip_rule(args)
+        # The rollout's log-probs are the sampling distribution's: TRL's generation config (generation_kwargs
+        # included), which may differ from the temperature its trainer side scores at.
+        self.temperature = float(trainer.generation_config.temperature or 1.0)  # None samples at 1, as in HF
+        model = trainer.model
+        sites = find_routers(model)  # checks every router against its adapter once; the recorders skip it
+        moe_layers = [s.layer for s in sites]
+        wanted = settings.record_layers or tuple(moe_layers)
+        unknown = sorted(set(wanted) - set(moe_layers))
+        if unknown:
+            raise ValueError(f"record_layers {unknown} are not MoE layers of this model; valid: {moe_layers}")
+        self.layer_slots = [moe_layers.index(layer) for layer in sorted(set(wanted))]
+        self.model_info = ModelInfo(family=model.config.model_type, moe_layers=tuple(moe_layers),
+                                    num_experts=sites[0].num_experts, top_k=sites[0].top_k,
+                                    recorded_layers=tuple(sorted(set(wanted))))
+        # A micro-step's recorder computes router margins and entropies (pi_old's go into the records); pi_new's
+        # forward needs only its routes.
+        self.recorder = RoutingRecorder(model, margin=True, entropy=True, verify=False)
+        self.new_recorder = RoutingRecorder(model, margin=False, entropy=False, verify=False)
+        self.run_dir = Path(settings.run_dir)
+        self.writer: RunWriter | None = None
+        self._stack: ExitStack | None = None
+        self._cycle: CycleRecord | None = None
+        self._inputs: dict[str, Any] | None = None
+        self._expect_inputs = False
+        self._started = 0.0
+
+    # ---- the run ---------------------------------------------------------------------------------
+    @contextmanager
+    def session(self, *, resuming: bool) -> Iterator[None]:
+        """Around ``trainer.train()``: the run folder is checked first; run.json ends ``finished``, ``failed`` or
+        ``interrupted`` (with the error) however training ends."""
+        if resuming:
+            raise ValueError("moestab's TRL records cannot resume from a checkpoint: TRL regenerates mid-cycle "
+                             "after a resume; start a new run folder")
+        prepare_run_dir(self.run_dir, overwrite=self.settings.overwrite)
+        self.writer = None
+        with ExitStack() as stack:
+            self._stack = stack
+            try:
+                yield
+            except KeyboardInterrupt as exc:
+                self._stop(schema.STATUS_INTERRUPTED, exc)
+                raise
+            except BaseException as exc:
+                self._stop(schema.STATUS_FAILED, exc)
+                raise
+            finally:
+                self._cycle, self._stack = None, None  # a cycle cut off by the end of training is not written
+            if self.writer is not None:
+                self.writer.update(status=schema.STATUS_FINISHED)
+
+    def _stop(self, status: str, exc: BaseException) -> None:
+        if self.writer is not None:
+            self.writer.update(status=status, error=f"{type(exc).__name__}: {exc}")
+
+    def start(self, max_steps: int) -> None:
+        """Create the run folder (``on_train_begin``, when TRL knows its number of optimizer steps)."""
+        if self._stack is None:
+            raise RecordingError("call trainer.train() to record: the run folder is written around it")
+        args, model = self.trainer.args, self.trainer.model
+        name = model.config.name_or_path or f"{model.config.model_type} (built in code)"
+        config = run_config(args, model=name, steps=max_steps // self.layout.optimizer_steps, settings=self.settings)
+        environment = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                       "transformers": transformers.__version__, "trl": trl.__version__}
+        writer = RunWriter(self.run_dir)
+        writer.start(config=config, model=self.model_info, environment=environment,
+                     config_yaml=yaml.safe_dump(config, sort_keys=False))
+        self.writer = writer  # from here on, however training ends, run.json says so
+        self._stack.enter_context(writer.beating())
+
+    # ---- one micro-step --------------------------------------------------------------------------
+    def capture(self, model: torch.nn.Module, global_step: int) -> ForwardCapture | None:
+        """The capture of the coming ``training_step``, or ``None`` when its cycle is not recorded."""
+        if self.writer is None or (global_step // self.layout.optimizer_steps) % self.settings.every:
+            return None
+        if model is not self.trainer.model:
+            raise RecordingError("the trained module is a wrapper of trainer.model (several processes or a "
+                                 "distributed wrapper): moestab records one process only")
+        if self._cycle is None:
+            self._started = time.perf_counter()
+        self._inputs, self._expect_inputs = None, True
+        return ForwardCapture(model, self.recorder, temperature=self.temperature)
+
+    def loss_inputs(self, inputs: dict[str, Any]) -> None:
+        """TRL's micro-batch of the current loss (from ``compute_loss``; ignored outside a recorded step)."""
+        if not self._expect_inputs:
+            return
+        if inputs.get("tool_mask") is not None:
+            raise RecordingError("the micro-batch has a tool_mask: completions hold tokens the policy did not sample")
+        self._inputs = {key: inputs[key] for key in LOSS_INPUTS if key in inputs}
+
+    def add_micro_step(self, captured: Captured) -> None:
+        """File one recorded ``training_step``: a cycle opens with the one that generated."""
+        self._expect_inputs = False
+        if self._cycle is None:
+            if len(captured.generations) != 1:
+                raise RecordingError(f"the first micro-step of a cycle ran {len(captured.generations)} generate() "
+                                     "calls, expected 1 (TRL generates once per generation batch)")
+            old = [call for call in captured.scoring if not call.grad]
+            self._cycle = CycleRecord(captured.generations[0], old, [], self._started)
+        elif captured.generations:
+            raise RecordingError("TRL generated inside a cycle: its generation batches no longer line up with the "
+                                 "optimizer steps moestab expects")
+        losses = [call for call in captured.scoring if call.grad]
+        if self._inputs is None:
+            raise RecordingError("a recorded training step did not pass through compute_loss")
+        if len(losses) != 1:
+            raise RecordingError(f"a training step ran {len(losses)} forwards with grad, expected TRL's loss forward")
+        self._cycle.steps.append(LossStep(self._inputs, losses[0]))
+        self._inputs = None
+
+    # ---- the end of a cycle ----------------------------------------------------------------------
+    def step_end(self, global_step: int) -> None:
+        """After an optimizer step: a cycle whose micro-steps have all run is complete; write it."""
+        cycle = self._cycle
+        if cycle is None or len(cycle.steps) < self.layout.micro_steps:
+            return
+        self._cycle = None
+        step = global_step // self.layout.optimizer_steps  # 1-based: the cycle that just ended
+        old_calls = pi_old_calls(cycle, self.layout)
+        new_calls = self._pi_new(old_calls[: self.settings.new_chunks(len(old_calls))])
+        tokenizer = self.trainer.processing_class
+        done = assemble(cycle, new_calls, layout=self.layout, clip=self.clip,
+                        group_size=int(self.trainer.args.num_generations),
+                        decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
+        t = done.tensors
+        mask = t.batch.response_mask  # [N, C]
+        metrics = {
+            "time/step_s": time.perf_counter() - cycle.started,
+            "response/length_mean": mask.sum(-1).float().mean().item(),
+            "response/length_max": int(mask.sum(-1).max()),
+            "minibatches": self.layout.optimizer_steps,
+            "advantage/nonzero_frac": (t.advantages != 0).float().mean().item(),
+            "entropy": rl.masked_mean(done.entropy_old, mask).item(),
+            **step_metrics(t, [{}], replay="off"),  # TRL's loss diagnostics are TRL's to log
+        }
+        rows = record_rows(t.batch.batch_size, self.settings.record_fraction, int(self.trainer.args.seed) + step)
+        self.writer.write_tokens(step, token_table(step, t, rows=rows, layer_slots=self.layer_slots))
+        self.writer.append_metrics({"step": step, **metrics})
+        self.writer.update(last_step=step)
+
+    def _pi_new(self, calls: list[ScoringCall]) -> list[ScoringCall]:
+        """pi_new: pi_old's forwards again after the cycle's updates, same inputs and chunks, no grad."""
+        model = self.trainer.model
+        with torch.no_grad(), self.trainer.accelerator.autocast(), ForwardCapture(
+            model, self.new_recorder, temperature=self.temperature
+        ) as capture:
+            for call in calls:
+                model(**call.kwargs)
+        return capture.captured().scoring
+
+
+class _CycleEnd(TrainerCallback):
+    """Tells :class:`TrlRecords` when training starts and when each optimizer step has ended."""
+
+    def __init__(self, records: TrlRecords) -> None:
+        self.records = records
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.records.start(int(state.max_steps))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.records.step_end(int(state.global_step))
+
+
+class RoutingRecords:
+    """Mixin for ``trl.GRPOTrainer`` that writes a moestab run folder; put it first among the bases.
+
+    >>> class Trainer(RoutingRecords, GRPOTrainer): ...
+    >>> Trainer(model=model, args=GRPOConfig(...), reward_funcs=reward, train_dataset=data,
+    ...         moestab=RecordSettings("runs/trl-gspo")).train()
+
+    ``moestab`` is a :class:`RecordSettings` or just the run folder. Every other argument is ``GRPOTrainer``'s.
+    """
+
+    def __init__(self, *args: Any, moestab: RecordSettings | str | Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = moestab if isinstance(moestab, RecordSettings) else RecordSettings(moestab)
+        self.moestab_records = TrlRecords(self, settings)
+        self.add_callback(_CycleEnd(self.moestab_records))
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        with self.moestab_records.session(resuming=bool(resume_from_checkpoint)):
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: Any = None) -> torch.Tensor:
+        capture = self.moestab_records.capture(model, self.state.global_step)
+        if capture is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        with capture:  # TRL's generation, pi_old forward and loss forward of this micro-step, hooks removed on exit
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        self.moestab_records.add_micro_step(capture.captured())
+        return loss
+
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        self.moestab_records.loss_inputs(inputs)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+
+
+class MoestabGRPOTrainer(RoutingRecords, trl.GRPOTrainer):
+    """``trl.GRPOTrainer`` writing a moestab run folder: ``MoestabGRPOTrainer(..., moestab="runs/x")``."""

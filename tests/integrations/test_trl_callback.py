@@ -1,0 +1,316 @@
+"""TRL's GRPOTrainer with moestab's records (``moestab.integrations.trl``) on a tiny MoE built in code, on CPU.
+
+The run folders are checked as ``moestab train``'s are; their numbers are recomputed from the raw token tables with
+Python sets, and their clip flags against TRL's own logged clip ratio, which TRL computes from its advantages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # TRL's own dependency
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig
+
+from moestab.cli import main as cli_main
+from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
+from moestab.integrations.trl.capture import ForwardCapture
+from moestab.integrations.trl.cycle import match_rows
+from moestab.integrations.trl.settings import check_supported, cycle_layout
+from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
+from moestab.records import schema
+from moestab.records.reader import list_token_files, load_metrics, read_run_info
+from moestab.routing import RecordingError, RoutingRecorder
+from tests.train.test_records import TOKEN_COLUMNS  # the columns of a moestab run's tables
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["12+34=", "5+7=", "40+2=", "9+9=", "31+11=", "3+4=", "8+1=", "20+20="]
+TOP_K, LAYERS = 2, 2
+ROUTE_METRICS = ["routing/old_new/changed", "routing/old_new/router_flip", "routing/old_new/token_flip",
+                 "routing/old_new/changed_by_layer", "routing/update_old/changed_by_minibatch",
+                 "routing/rollout_old_free/router_flip", "mismatch/rollout_old_free/k3", "ratio/token_log_var",
+                 "clip/token_frac", "clip/seq_frac_later", "experts/load", "experts/load_entropy",
+                 "experts/routing_confidence", "entropy", "minibatches", "response/length_mean", "time/step_s"]
+
+
+def readme_snippet() -> str:
+    """The code block of README.md's "Inside TRL's GRPOTrainer" section, run here as written."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Inside TRL's GRPOTrainer") :]
+    return re.search(r"```python\n(.+?)\n```", section, re.S).group(1)
+
+
+def reward(completions: list[str], **_: object) -> list[float]:
+    """Toy reward with spread inside a group: the share of digits in the completion."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def grpo_args(out: Path, **overrides: object) -> GRPOConfig:
+    """16 sequences per generation (4 prompts x 4), 2 micro-batches of 8, 3 generation batches by default."""
+    settings = {"output_dir": str(out), "use_cpu": True, "bf16": False, "report_to": "none", "disable_tqdm": True,
+                "save_strategy": "no", "logging_steps": 1, "seed": 0, "per_device_train_batch_size": 8,
+                "num_generations": 4, "gradient_accumulation_steps": 1, "steps_per_generation": 2,
+                "max_completion_length": 6, "learning_rate": 1e-2, "loss_type": "grpo", "epsilon": 0.05,
+                "max_steps": 6}
+    return GRPOConfig(**{**settings, **overrides})
+
+
+def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, **overrides: object):
+    """README's snippet on ``model`` with the run folder ``root / "run"``; returns its trainer."""
+    env = {"model": model, "tokenizer": tokenizer, "reward": reward_funcs, "run_dir": root / "run",
+           "dataset": Dataset.from_dict({"prompt": PROMPTS}), "args": grpo_args(root / "trl", **overrides)}
+    exec(readme_snippet(), env)
+    return env["trainer"]
+
+
+def train_with_records(root: Path, **overrides: object) -> tuple[Path, object]:
+    """README's snippet on the embedded policy (2 layers); returns the run folder and the trainer."""
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    return root / "run", run_snippet(root, model, tokenizer, **overrides)
+
+
+def moestab_hooks(model) -> int:
+    """Forward hooks of moestab's still on ``model`` (transformers and TRL install their own during training)."""
+    hooks = [h for m in model.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())]
+    return sum(getattr(h, "__module__", "").startswith("moestab.") for h in hooks)
+
+
+@pytest.fixture(scope="module", params=["token", "sequence"])
+def recorded(request, tmp_path_factory):
+    """GRPO (token) and GSPO (sequence): 2 optimizer steps per generation batch, so TRL computes pi_old."""
+    run_dir, trainer = train_with_records(tmp_path_factory.mktemp(request.param),
+                                          importance_sampling_level=request.param)
+    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(run_dir).path)
+    return SimpleNamespace(level=request.param, dir=run_dir, trainer=trainer, tokens=tokens,
+                           metrics=[json.loads(x) for x in (run_dir / schema.METRICS_JSONL).read_text().splitlines()])
+
+
+def sets_changed(a_rows: pd.Series, b_rows: pd.Series, top_k: int = TOP_K) -> float:
+    """1 - mean |E_a ∩ E_b| / k over every (token, layer), with Python sets."""
+    overlaps = [len(set(a[i : i + top_k]) & set(b[i : i + top_k])) / top_k
+                for a, b in zip(a_rows, b_rows, strict=True) for i in range(0, len(a), top_k)]
+    return 1 - sum(overlaps) / len(overlaps)
+
+
+def test_the_run_folder_passes_the_checks_of_a_moestab_run(recorded, capsys):
+    info = read_run_info(recorded.dir)
+    assert info.status == "finished" and info.last_step == 3 and info.planned_steps == 3
+    assert info.algo == f"trl-grpo-{recorded.level}" and info.replay_label == "off"
+    assert info.model.family == "qwen3_moe" and info.model.moe_layers == (0, 1) and info.top_k == TOP_K
+    assert list(load_metrics(recorded.dir).step) == [1, 2, 3]
+    for m in recorded.metrics:
+        assert not [k for k in ROUTE_METRICS if k not in m]
+        assert m["minibatches"] == 2 and len(m["routing/old_new/changed_by_layer"]) == LAYERS
+        assert np.allclose([sum(row) for row in m["experts/load"]], 1.0, atol=1e-4)
+    for path in list_token_files(recorded.dir).path:
+        table = pq.read_table(path)
+        assert table.column_names == TOKEN_COLUMNS and table.num_rows > 0
+        routes = np.stack(table.column(schema.COL_ROUTES_OLD).to_numpy(zero_copy_only=False))
+        assert routes.min() >= 0 and routes.max() < 8  # every response token routed, in every layer
+    assert recorded.tokens.groupby("step").seq.nunique().eq(16).all()  # every sequence of each generation batch
+    assert cli_main(["analyze", str(recorded.dir), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["status"] == "finished" and row["steps"] == 3
+    assert row["old_new_changed"] == pytest.approx(np.mean([m["routing/old_new/changed"] for m in recorded.metrics]))
+
+
+DASHBOARD_PAGES = ["app_pages/runs.py", "app_pages/training.py", "app_pages/volatility.py", "app_pages/ratios.py",
+                   "app_pages/attribution.py", "app_pages/experts.py"]
+
+
+@pytest.mark.parametrize("recorded", ["sequence"], indirect=True)  # one run is enough: the pages read the same
+def test_the_dashboard_draws_every_page_of_a_trl_run(recorded, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    app = ROOT / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), str(recorded.dir.parent)])  # how the app is given its runs folder
+    for page in DASHBOARD_PAGES:
+        at = AppTest.from_file(str(app), default_timeout=120)
+        at.run()
+        if page != DASHBOARD_PAGES[0]:
+            at.switch_page(page).run()
+        problems = [str(e.value) for e in (*at.exception, *at.error, *at.warning)]
+        assert not problems, (page, problems)
+        assert page == DASHBOARD_PAGES[0] or len(at.get("vega_lite_chart")) > 0, page
+
+
+def test_volatility_matches_an_independent_recomputation_from_the_routes(recorded):
+    tokens = recorded.tokens
+    for m in recorded.metrics:
+        step = tokens[tokens.step == m["step"]]
+        assert m["routing/old_new/changed"] == pytest.approx(sets_changed(step.routes_old_free, step.routes_new),
+                                                             abs=1e-12)
+        assert m["routing/rollout_old_free/changed"] == pytest.approx(
+            sets_changed(step.routes_rollout, step.routes_old_free), abs=1e-12)
+        by_layer = [sets_changed(step.routes_old_free.map(lambda r, i=i: r[i * TOP_K : (i + 1) * TOP_K]),
+                                 step.routes_new.map(lambda r, i=i: r[i * TOP_K : (i + 1) * TOP_K]))
+                    for i in range(LAYERS)]
+        assert m["routing/old_new/changed_by_layer"] == pytest.approx(by_layer, abs=1e-12)
+        by_minibatch = [sets_changed(part.routes_update, part.routes_old) for _, part in step.groupby("minibatch")]
+        assert m["routing/update_old/changed_by_minibatch"] == pytest.approx(by_minibatch, abs=1e-12)
+    # lr 1e-2 on a random tiny MoE: the updates move routes, so these checks are not all 0 == 0
+    assert all(m["routing/old_new/changed"] > 0.01 for m in recorded.metrics)
+    assert any(m["routing/update_old/changed_by_minibatch"][1] > 0 for m in recorded.metrics)
+
+
+def test_the_rollout_is_aligned_with_the_trainer(recorded):
+    tokens = recorded.tokens
+    d = tokens.logp_old.to_numpy(np.float64) - tokens.logp_rollout.to_numpy(np.float64)
+    # The same weights score the same tokens (KV-cached generate vs TRL's full forward): float-rounding apart.
+    # A token or route off by one position would give differences of order 1 and flip most routers.
+    assert np.mean(np.exp(d) - 1 - d) < 1e-9 and np.abs(d).max() < 1e-4
+    assert sets_changed(tokens.routes_rollout, tokens.routes_old_free) < 0.01
+    assert (tokens.response_length >= 1).all() and (tokens.position < tokens.response_length).all()
+
+
+def test_clip_flags_match_trls_own_clip_ratio(recorded):
+    """TRL logs, per optimizer step (= one micro-batch here), the share of its ratios that its clip cut, from
+    its advantages: tokens at token level, sequences at sequence level. The token tables say the same."""
+    logged = [h["clip_ratio/region_mean"] for h in recorded.trainer.state.log_history if "clip_ratio/region_mean" in h]
+    ours = []
+    for _, part in recorded.tokens.groupby(["step", "minibatch"]):  # = TRL's optimizer steps, in order
+        clipped = part.clipped if recorded.level == "token" else part.groupby("seq").clipped.any()
+        ours.append(float(clipped.mean()))
+    assert ours == pytest.approx(logged, abs=1e-6)
+    later = recorded.tokens[recorded.tokens.minibatch > 0].clipped
+    assert 0 < later.mean() < 1  # both branches occur: the comparison can fail
+    first = recorded.tokens[recorded.tokens.minibatch == 0]  # updated at pi_old's weights, by TRL's ratio ~ 1
+    assert np.abs(first.log_w).max() < 1e-4
+
+
+@pytest.mark.parametrize(("accumulation", "bf16"), [(1, False), (2, False), (1, True)])
+def test_without_an_update_pi_new_is_pi_old_bit_for_bit(tmp_path, accumulation, bf16):
+    """lr 0: pi_new replays pi_old's exact inputs and chunks (under TRL's autocast: bf16 on a CPU too), so nothing
+    differs. With 2 accumulation steps the generation batch feeds one optimizer step: TRL computes no pi_old, its
+    ratio is 1 and so is the record."""
+    run_dir, _ = train_with_records(tmp_path, learning_rate=0.0, gradient_accumulation_steps=accumulation,
+                                    max_steps=4 // accumulation, bf16=bf16)
+    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(run_dir).path)
+    metrics = [json.loads(x) for x in (run_dir / schema.METRICS_JSONL).read_text().splitlines()]
+    assert len(metrics) == 2 and all(m["routing/old_new/changed"] == 0.0 for m in metrics)
+    assert (tokens.logp_new == tokens.logp_old).all()
+    assert np.array_equal(np.stack(tokens.routes_new), np.stack(tokens.routes_old_free))
+    if accumulation == 2:
+        assert all(m["minibatches"] == 1 for m in metrics) and (tokens.log_w == 0.0).all()
+        assert np.array_equal(np.stack(tokens.routes_update), np.stack(tokens.routes_old))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "mixtral"])
+def test_other_families(tmp_path, family):
+    """Sigmoid + bias (DeepSeek-V3), softmax after top-k (GPT-OSS), softmax before it (Mixtral): same records."""
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size=len(tokenizer), num_moe_layers=2))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    run_snippet(tmp_path, model, tokenizer, max_steps=4)
+    info = read_run_info(tmp_path / "run")
+    assert info.status == "finished" and info.model.family == family and info.last_step == 2
+    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(tmp_path / "run").path)
+    d = tokens.logp_old.to_numpy(np.float64) - tokens.logp_rollout.to_numpy(np.float64)
+    assert np.mean(np.exp(d) - 1 - d) < 1e-9  # the rollout is aligned with the trainer
+    for m in load_metrics(tmp_path / "run").to_dict("records"):
+        step = tokens[tokens.step == m["step"]]
+        expected = sets_changed(step.routes_old_free, step.routes_new, info.top_k)
+        assert m["routing/old_new/changed"] == pytest.approx(expected, abs=1e-12) and expected > 0
+
+
+def test_pi_new_on_part_of_the_batch(tmp_path):
+    """new_fraction 0.5: pi_new re-runs the first of pi_old's two chunks (8 sequences of 16); the others have no
+    pi_new, and old->new volatility is over the sequences that have one."""
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=grpo_args(tmp_path / "trl"),
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                       moestab=RecordSettings(tmp_path / "run", new_fraction=0.5)).train()
+    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(tmp_path / "run").path)
+    with_new = np.stack(tokens.routes_new).min(axis=1) >= 0  # [tokens]
+    assert (with_new == (tokens.seq < 8)).all()  # pi_old's first chunk: generation rows 0-7
+    assert tokens.logp_new[~with_new].isna().all() and tokens.logp_new[with_new].notna().all()
+    for m in load_metrics(tmp_path / "run").to_dict("records"):
+        step = tokens[(tokens.step == m["step"]) & with_new]
+        expected = sets_changed(step.routes_old_free, step.routes_new)
+        assert m["routing/old_new/changed"] == pytest.approx(expected, abs=1e-12) and expected > 0
+
+
+def test_volume_controls_thin_the_tables_not_the_metrics(tmp_path):
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=grpo_args(tmp_path / "trl"),
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                       moestab=RecordSettings(tmp_path / "run", record_fraction=0.5, record_layers=(1,))).train()
+    assert read_run_info(tmp_path / "run").recorded_layers == (1,)
+    for path in list_token_files(tmp_path / "run").path:
+        table = pq.read_table(path)
+        assert len(set(table.column("seq").to_pylist())) == 8  # of 16
+        assert table.schema.field(schema.COL_ROUTES_NEW).type.list_size == 1 * TOP_K
+    for m in load_metrics(tmp_path / "run").to_dict("records"):
+        assert len(m["routing/old_new/changed_by_layer"]) == LAYERS  # the step's metrics use every layer and token
+
+
+def test_hooks_are_removed_after_training(recorded):
+    model = recorded.trainer.model
+    with ForwardCapture(model, RoutingRecorder(model), temperature=1.0):
+        assert moestab_hooks(model) > 0  # the count sees moestab's hooks
+    assert moestab_hooks(model) == 0
+
+
+def test_a_failure_marks_the_run_failed_and_removes_the_hooks(tmp_path):
+    calls = []
+
+    def failing(completions: list[str], **_: object) -> list[float]:
+        calls.append(1)
+        if len(calls) == 2:  # the second generation batch: inside a recorded training step
+            raise RuntimeError("reward server down")
+        return reward(completions)
+
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    with pytest.raises(RuntimeError, match="reward server down"):
+        run_snippet(tmp_path, model, tokenizer, reward_funcs=failing)
+    info = read_run_info(tmp_path / "run")
+    assert info.status == "failed" and "reward server down" in info.error and info.last_step == 1
+    assert moestab_hooks(model) == 0
+
+
+def test_trained_rows_are_matched_to_generated_ones_by_their_tokens():
+    pool = torch.tensor([[5, 6, 7], [5, 6, 8], [5, 6, 7], [9, 9, 9]])  # rows 0 and 2 are the same sequence
+    rows = match_rows(pool, [torch.tensor([[9, 9, 9], [5, 6, 7]]), torch.tensor([[5, 6, 7], [5, 6, 8]])])
+    assert [r.tolist() for r in rows] == [[3, 0], [2, 1]]  # duplicates in order, each pool row once
+    with pytest.raises(RecordingError, match="matches no generated one"):
+        match_rows(pool, [torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7]])])  # a third copy was never generated
+
+
+def test_settings_it_cannot_record_are_refused_with_the_reason():
+    good = SimpleNamespace(use_vllm=False, use_transformers_continuous_batching=False, world_size=1,
+                           loss_type="grpo", importance_sampling_level="sequence", steps_per_generation=4,
+                           num_iterations=1, gradient_accumulation_steps=2)
+    check_supported(good)
+    assert (cycle_layout(good).optimizer_steps, cycle_layout(good).old_forward) == (2, True)
+    aligned = SimpleNamespace(**{**vars(good), "steps_per_generation": 2})
+    assert (cycle_layout(aligned).optimizer_steps, cycle_layout(aligned).old_forward) == (1, False)
+    for change, reason in [({"use_vllm": True}, "vLLM"), ({"world_size": 2}, "one process only"),
+                           ({"loss_type": "sapo"}, "no clipped ratio"),
+                           ({"steps_per_generation": 3}, "not a multiple of gradient_accumulation_steps")]:
+        with pytest.raises(ValueError, match=reason):
+            check_supported(SimpleNamespace(**{**vars(good), **change}))
+
+
+def test_trl_stays_optional():
+    def run(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+    out = run("import sys, moestab, moestab.integrations\nprint('trl' in sys.modules)")
+    assert out.returncode == 0 and out.stdout.split() == ["False"]
+    out = run("import sys\nsys.modules['trl'] = None\nimport moestab.integrations.trl")
+    assert out.returncode != 0 and "ImportError: moestab.integrations.trl needs TRL: pip install trl" in out.stderr
