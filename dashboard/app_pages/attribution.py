@@ -4,7 +4,9 @@ router flip rate against the router's margin."""
 import numpy as np
 import pandas as pd
 import streamlit as st
-from dashkit import figures, loaders, ui
+from dashkit import charts, loaders, ui
+
+from moestab.analysis.dashboard_data import margin_bin_centres, stack_runs
 
 PAIRS = {
     "update_old": "update vs old: the two forward passes on either side of log w",
@@ -25,7 +27,7 @@ if pair == "update_old":
 runs = ui.selected_runs()
 if not runs:
     st.stop()
-colors = {run.label: figures.color(i) for i, run in enumerate(runs)}
+colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 
 results = {}
 for run in runs:
@@ -49,13 +51,13 @@ panels = [
     ("q99_abs_log_w", "0.99 quantile of |log w|", "|log w| (nats)"),
     ("clip_frac", "Clipped share", "fraction of tokens clipped"),
 ]
-kept = groups[groups["group"] != "all"]
+kept = groups.loc[groups["group"] != "all"].reset_index(drop=True)
 for cell, (column, title, ylabel) in zip(cells, panels, strict=True):
-    table = kept.pivot_table(index="run", columns="group", values=column, aggfunc="first", dropna=False)
-    table = table.reindex(index=list(results), columns=["not flipped", "flipped"])
+    data = kept[["run", "group", "tokens", column]]
     with cell:
-        fig = figures.grouped_bars(table, ["not flipped", "flipped"], colors, title, ylabel)
-        figures.show(fig, alt=f"{title} of flipped and unflipped tokens per run")
+        chart = charts.grouped_bars(data, "group", column, colors, groups=["not flipped", "flipped"], title=title,
+                                    ylabel=ylabel)
+        charts.show(chart, data, f"{title} of flipped and unflipped tokens per run")
 st.dataframe(
     groups[
         ["run", "group", "tokens", "mean_abs_log_w", "median_abs_log_w", "q99_abs_log_w", "clip_frac", "extreme_frac"]
@@ -69,25 +71,21 @@ st.caption(
     "Per router (token × layer): share whose expert set flipped, in quantile bins of the margin between "
     "the k-th and (k+1)-th router score under pi_old. Near-ties (small margins) should flip more."
 )
-series = []
-for label, r in results.items():
-    margin = r.by_margin
-    if len(margin):
-        centre = (margin["margin_low"].to_numpy(float) + margin["margin_high"].to_numpy(float)) / 2
-        series.append(figures.Series(label, centre, margin["flip_rate"].to_numpy(float), colors[label]))
-if series:
-    positive = all((s.x > 0).all() for s in series)
-    fig = figures.lines(
-        series,
-        f"Router flip rate vs margin ({pair.replace('_', ' vs ')})",
-        "router margin under pi_old (score gap, bin centre)",
-        "router flip rate",
+margins = stack_runs({label: margin_bin_centres(r.by_margin) for label, r in results.items() if len(r.by_margin)})
+if len(margins):
+    chart = charts.lines(
+        margins,
+        "margin",
+        "flip_rate",
+        title=f"Router flip rate vs margin ({pair.replace('_', ' vs ')})",
+        xlabel="router margin under pi_old (score gap, bin centre)",
+        ylabel="router flip rate",
+        colors=colors,
+        log_x=bool((margins["margin"] > 0).all()),
     )
-    if positive:
-        fig.axes[0].set_xscale("log")
     cell, _ = st.columns([3, 2])
     with cell:
-        figures.show(fig, alt="Router flip rate against router margin per run")
+        charts.show(chart, margins, "Router flip rate against router margin per run")
 else:
     st.info("No router margins recorded (`margin_old`) in the selected runs.")
 

@@ -2,8 +2,9 @@
 
 import pandas as pd
 import streamlit as st
-from dashkit import figures, loaders, ui
+from dashkit import charts, loaders, ui
 
+from moestab.analysis.dashboard_data import load_at_step, matrix_frame
 from moestab.analysis.experts import metrics_load, metrics_per_layer
 
 ui.page_header(
@@ -49,26 +50,19 @@ for run in runs:
     with load_cell:
         load = metrics_load(frame) if frame is not None else pd.DataFrame()
         if len(load):
-            earlier = load.loc[load["step"] <= step, "step"]
-            shown = int(earlier.max()) if len(earlier) else int(load["step"].min())
-            grid = load[load["step"] == shown].pivot_table(index="layer", columns="expert", values="load")
-            fig = figures.heatmap(
-                grid, f"Expert load at step {shown}", "expert", "MoE layer", "share of routed slots", vmin=0.0
-            )
-            figures.show(fig, alt=f"Heatmap of expert load by layer for {run.label}")
+            shown, grid = load_at_step(load, step)
+            chart = charts.heatmap(grid, "expert", "layer", "load", title=f"Expert load at step {shown}",
+                                   xlabel="expert", ylabel="MoE layer", legend="share of routed slots",
+                                   domain=(0.0, None))
+            charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}")
         elif frame is not None:
             st.caption("metrics.jsonl has no `experts/load`.")
     with entropy_cell:
         entropy = metrics_per_layer(frame, "experts/load_entropy") if frame is not None else pd.DataFrame()
         if len(entropy):
-            series = [
-                figures.Series(
-                    f"layer {layer}", part["step"].to_numpy(), part["value"].to_numpy(float), figures.color(i)
-                )
-                for i, (layer, part) in enumerate(entropy.groupby("layer", sort=True))
-            ]
-            fig = figures.lines(series, "Load entropy per layer", "step", "entropy of the load (nats)", integer_x=True)
-            figures.show(fig, alt=f"Load entropy per layer against step for {run.label}")
+            chart = charts.lines(entropy, "step", "value", series="layer", title="Load entropy per layer",
+                                 xlabel="step", ylabel="entropy of the load (nats)", integer_x=True)
+            charts.show(chart, entropy, f"Load entropy per layer against step for {run.label}")
         elif frame is not None:
             st.caption("metrics.jsonl has no `experts/load_entropy`.")
     with coact_cell:
@@ -78,17 +72,12 @@ for run in runs:
             coact = loaders.coactivation(run.path, run.key, int(layer_index))
             if ui.report(run, coact, "per-token routes", missing="per-token tables"):
                 label = info.recorded_layers[int(layer_index)]
-                fig = figures.heatmap(
-                    pd.DataFrame(coact.value),
-                    f"Co-activation, layer {label}: P(j chosen | i chosen)",
-                    "expert j",
-                    "expert i",
-                    "conditional share",
-                    vmin=0.0,
-                    vmax=1.0,
-                    cmap="magma",
-                )
-                figures.show(fig, alt=f"Co-activation matrix of layer {label} for {run.label}")
+                grid = matrix_frame(coact.value, "expert_i", "expert_j", "share")
+                chart = charts.heatmap(grid, "expert_j", "expert_i", "share",
+                                       title=f"Co-activation, layer {label}: P(j chosen | i chosen)", xlabel="expert j",
+                                       ylabel="expert i", legend="conditional share", domain=(0.0, 1.0),
+                                       scheme="magma")
+                charts.show(chart, grid, f"Co-activation matrix of layer {label} for {run.label}")
     stats = loaders.expert_stats(run.path, run.key)
     if ui.report(run, stats, "per-token routes", missing="per-token tables"):
         st.caption("Over every recorded token of the run (routes under pi_old); dead = never chosen.")

@@ -2,7 +2,7 @@
 same probe to overlay: what was probed, the summary, the charts of known probes and every table."""
 
 import streamlit as st
-from dashkit import figures, probes, ui
+from dashkit import charts, probes, ui
 
 from moestab.probes.views import charts_for, stack_tables, table_names
 
@@ -51,15 +51,15 @@ if "summary" in names:
     st.header("Summary")
     st.dataframe(stack_tables(results, "summary"), hide_index=True, width="stretch")
 
-charts = charts_for(probe)
-drawn = probes.draw(charts, chosen_refs, results)
+known = charts_for(probe)
+drawn = probes.draw(known, chosen_refs, results)
 if drawn:
     st.header("Charts")
-    for cell, (fig, alt) in zip(ui.grid(len(drawn), per_row=2), drawn, strict=True):
+    for cell, (chart, data, name) in zip(ui.grid(len(drawn), per_row=2), drawn, strict=True):
         with cell:
-            figures.show(fig, alt=alt)
+            charts.show(chart, data, name)
 
-charted = {chart.table for chart in charts}
+charted = {chart.table for chart in known}
 others = [name for name in names if name != "summary"]
 if others:
     st.header("Tables")

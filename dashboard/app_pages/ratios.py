@@ -3,9 +3,9 @@ and their variance against response length (recorded tokens)."""
 
 import pandas as pd
 import streamlit as st
-from dashkit import figures, loaders, ui
+from dashkit import charts, loaders, ui
 
-from moestab.analysis.dashboard_data import shared_histograms
+from moestab.analysis.dashboard_data import shared_histograms, stack_runs
 
 ui.page_header(
     "Ratios",
@@ -15,7 +15,7 @@ ui.page_header(
 runs = ui.selected_runs()
 if not runs:
     st.stop()
-colors = {run.label: figures.color(i) for i, run in enumerate(runs)}
+colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 
 data: dict[str, dict] = {}
 for run in runs:
@@ -38,8 +38,9 @@ for cell, (name, title, unit) in zip(
 ):
     hists = shared_histograms({label: d[name] for label, d in data.items()}, bins=bins)
     with cell:
-        fig = figures.stairs(hists, colors, f"{title} (shared bins; ends hold the tails)", unit, "share of values")
-        figures.show(fig, alt=f"Histogram of {name} per run")
+        chart = charts.stairs(hists, colors, title=f"{title} (shared bins; ends hold the tails)", xlabel=unit,
+                              ylabel="share of values")
+        charts.show(chart, hists, f"Histogram of {name} per run")
 
 quantiles = pd.concat([d["quantiles"].assign(run=label) for label, d in data.items()], ignore_index=True).set_index(
     ["run", "quantity"]
@@ -60,14 +61,11 @@ for cell, (column, title, ylabel) in zip(
     ],
     strict=True,
 ):
-    series = [
-        figures.Series(
-            label, d["clip_by_step"]["step"].to_numpy(), d["clip_by_step"][column].to_numpy(float), colors[label]
-        )
-        for label, d in data.items()
-    ]
+    frame = stack_runs({label: d["clip_by_step"][["step", column]] for label, d in data.items()})
     with cell:
-        figures.show(figures.lines(series, title, "step", ylabel, integer_x=True), alt=f"{title} by step")
+        chart = charts.lines(frame, "step", column, title=title, xlabel="step", ylabel=ylabel, colors=colors,
+                             integer_x=True)
+        charts.show(chart, frame, f"{title} by step")
 
 st.header("Variance against response length")
 cells = st.columns(2)
@@ -76,12 +74,8 @@ for cell, (column, title) in zip(
     [("var_log_w", "Variance of log w (over tokens)"), ("var_log_s", "Variance of log s (over sequences)")],
     strict=True,
 ):
-    series = [
-        figures.Series(
-            label, d["by_length"]["length_bin"].to_numpy(), d["by_length"][column].to_numpy(float), colors[label]
-        )
-        for label, d in data.items()
-    ]
+    frame = stack_runs({label: d["by_length"][["length_bin", column]] for label, d in data.items()})
     with cell:
-        fig = figures.lines(series, title, "response length (tokens, bin start)", "variance (nats²)", logx=True)
-        figures.show(fig, alt=f"{title} by response length")
+        chart = charts.lines(frame, "length_bin", column, title=title, xlabel="response length (tokens, bin start)",
+                             ylabel="variance (nats²)", colors=colors, log_x=True)
+        charts.show(chart, frame, f"{title} by response length")

@@ -1,9 +1,10 @@
 """Training: step curves of metrics.jsonl for the selected runs, overlaid."""
 
-import numpy as np
 import pandas as pd
 import streamlit as st
-from dashkit import figures, loaders, ui
+from dashkit import charts, loaders, ui
+
+from moestab.analysis.dashboard_data import metric_curve, stack_runs
 
 # (metrics.jsonl key, chart title, y label with units). Keys absent from every run are skipped.
 CURVES = [
@@ -43,23 +44,18 @@ for run in runs:
     if info is not None and info.warm_start_accuracy is not None:
         start_accuracy[run.label] = info.warm_start_accuracy
 
-colors = {run.label: figures.color(i) for i, run in enumerate(runs)}
+colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 curves = [c for c in CURVES if any(c[0] in frame for frame in frames.values())]
 if frames and curves:
     cells = ui.grid(len(curves), per_row=3)
     for cell, (key, title, ylabel) in zip(cells, curves, strict=True):
-        series = []
-        for label, frame in frames.items():
-            if key not in frame:
-                continue
-            steps = frame["step"].to_numpy(dtype=float)
-            values = pd.to_numeric(frame[key], errors="coerce").to_numpy(dtype=float)
-            if key == "eval/accuracy" and label in start_accuracy:
-                steps, values = np.r_[0.0, steps], np.r_[start_accuracy[label], values]
-            marker = "o" if key == "eval/accuracy" else None
-            series.append(figures.Series(label, steps, values, colors[label], marker=marker))
+        start = start_accuracy if key == "eval/accuracy" else {}
+        data = stack_runs({label: metric_curve(frame, key, start.get(label))
+                           for label, frame in frames.items() if key in frame})
+        chart = charts.lines(data, "step", "value", title=title, xlabel="step", ylabel=ylabel, colors=colors,
+                             integer_x=True, points=key == "eval/accuracy" or None)
         with cell:
-            figures.show(figures.lines(series, title, "step", ylabel, integer_x=True), alt=f"{title} against step")
+            charts.show(chart, data, f"{title} against step")
     with st.expander("Raw metrics"):
         for label, frame in frames.items():
             st.markdown(f"**{label}**")

@@ -1,12 +1,12 @@
-"""Routing volatility: how often routers change their experts, by layer x step, over steps, by
-minibatch and by response position; old->new and rollout->trainer side by side."""
+"""Routing volatility: how often routers change their experts, by layer x step and layer x response position,
+over steps, by minibatch and by response position; old->new and rollout->trainer side by side."""
 
 import numpy as np
 import pandas as pd
 import streamlit as st
-from dashkit import figures, loaders, ui
+from dashkit import charts, loaders, ui
 
-from moestab.analysis.experts import metrics_per_layer
+from moestab.analysis.dashboard_data import TOKENS_SOURCE, changed_by_layer_step, routing_by_step, stack_runs
 
 PAIR_TITLES = {
     "old_new": "old → new (trainer, free routing)",
@@ -45,7 +45,7 @@ st.info(
 runs = ui.selected_runs()
 if not runs:
     st.stop()
-colors = {run.label: figures.color(i) for i, run in enumerate(runs)}
+colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 
 infos = {run.label: loaders.info(run.path, run.key).value for run in runs}
 st.dataframe(
@@ -82,90 +82,92 @@ for run in runs:
             tables[(run.label, pair)] = got.value
 
 
-def layer_step_grid(label: str, pair: str) -> tuple[pd.DataFrame | None, str]:
-    """Changed fraction by layer x step: metrics.jsonl (all tokens) if it has it, else the per-token tables."""
-    frame = metrics_frames.get(label)
-    if frame is not None:
-        tidy = metrics_per_layer(frame, f"routing/{pair}/changed_by_layer").dropna()
-        if len(tidy):
-            return tidy.pivot_table(index="layer", columns="step", values="value"), "all tokens"
+def view(label: str, pair: str, name: str) -> pd.DataFrame | None:
+    """View ``name`` of :data:`dashkit.loaders.VOLATILITY_VIEWS` of a run's pair (None without per-token tables)."""
     table = tables.get((label, pair))
-    if table is not None and len(table["step_layer"]):
-        return table["step_layer"].pivot_table(index="layer", columns="step", values="changed"), "recorded tokens"
-    return None, ""
+    return None if table is None else table[name]
+
+
+HEATMAPS = ("old_new", "rollout_old_free")
+HEATMAP_VALUE = "changed fraction of slots"
+
+
+def show_heatmaps(grids: dict[tuple[str, str], tuple[pd.DataFrame | None, str]], x: str, xlabel: str, what: str,
+                  zoom: bool) -> None:
+    """Per run, old -> new beside rollout -> trainer (free): ``changed`` by layer and ``x``, on one colour scale."""
+    values = [grid["changed"].to_numpy(np.float64) for grid, _ in grids.values() if grid is not None]
+    top = max((float(np.nanmax(v)) for v in values if np.isfinite(v).any()), default=0.0)
+    vmax = top if top > 0 else 1.0
+    st.caption(f"Changed fraction of routed slots; one colour scale for every heatmap (0 to {vmax:.3g}).")
+    for run in runs:
+        st.subheader(run.label)
+        cells = st.columns(len(HEATMAPS))
+        for cell, pair in zip(cells, HEATMAPS, strict=True):
+            grid, source = grids[(run.label, pair)]
+            with cell:
+                if grid is None:
+                    st.caption(f"{PAIR_TITLES[pair]}: nothing recorded.")
+                    continue
+                title = f"{run.label}: {PAIR_TITLES[pair]} ({source})"
+                chart = charts.heatmap(grid, x, "layer", "changed", title=title, xlabel=xlabel, ylabel="MoE layer",
+                                       legend=HEATMAP_VALUE, domain=(0.0, vmax), zoom=zoom)
+                charts.show(chart, grid, f"Heatmap of routing change {pair} by layer and {what} for {run.label}")
 
 
 st.header("Layer × step")
-HEATMAPS = ("old_new", "rollout_old_free")
-grids = {(run.label, pair): layer_step_grid(run.label, pair) for run in runs for pair in HEATMAPS}
-finite = [g.to_numpy(np.float64) for g, _ in grids.values() if g is not None and g.size]
-top = max((float(np.nanmax(v)) for v in finite if np.isfinite(v).any()), default=0.0)
-vmax = top if top > 0 else 1.0
-st.caption(f"Changed fraction of routed slots; one colour scale for every heatmap (0 to {vmax:.3g}).")
+by_step = {
+    (run.label, pair): changed_by_layer_step(metrics_frames.get(run.label), view(run.label, pair, "step_layer"), pair)
+    for run in runs
+    for pair in HEATMAPS
+}
+show_heatmaps(by_step, "step", "step", "step", zoom=True)
+
+st.header("Layer × response position")
+st.caption("Recorded tokens by 0-based position in the response (bins labelled by their first position).")
+by_position = {}
 for run in runs:
-    st.subheader(run.label)
-    cells = st.columns(len(HEATMAPS))
-    for cell, pair in zip(cells, HEATMAPS, strict=True):
-        grid, source = grids[(run.label, pair)]
-        with cell:
-            if grid is None:
-                st.caption(f"{PAIR_TITLES[pair]}: nothing recorded.")
-                continue
-            fig = figures.heatmap(
-                grid,
-                f"{run.label}: {PAIR_TITLES[pair]} ({source})",
-                "step",
-                "MoE layer",
-                "changed fraction of slots",
-                vmin=0.0,
-                vmax=vmax,
-            )
-            figures.show(fig, alt=f"Heatmap of routing change {pair} by layer and step for {run.label}")
+    for pair in HEATMAPS:
+        table = view(run.label, pair, "position_layer")
+        by_position[(run.label, pair)] = (None, "") if table is None or not len(table) else (
+            table[["position_bin", "layer", "changed"]], TOKENS_SOURCE)
+show_heatmaps(by_position, "position_bin", "token position in response (bin start)", "position", zoom=False)
 
 
-def step_series(pair: str) -> list[figures.Series]:
-    out = []
+def step_frame(pair: str) -> pd.DataFrame:
+    frames = {}
     for run in runs:
-        frame = metrics_frames.get(run.label)
-        key = f"routing/{pair}/{metric}"
-        if frame is not None and key in frame:
-            x, y = frame["step"].to_numpy(), pd.to_numeric(frame[key], errors="coerce").to_numpy(float)
-        elif (run.label, pair) in tables:
-            part = tables[(run.label, pair)]["step"]
-            x, y = part["step"].to_numpy(), part[metric].to_numpy(float)
-        else:
-            continue
-        out.append(figures.Series(run.label, x, y, colors[run.label]))
-    return out
+        curve, _ = routing_by_step(metrics_frames.get(run.label), view(run.label, pair, "step"), pair, metric)
+        if curve is not None:
+            frames[run.label] = curve
+    return stack_runs(frames)
 
 
-def view_series(pair: str, view: str, column: str) -> list[figures.Series]:
-    out = []
+def view_frame(pair: str, name: str, column: str) -> pd.DataFrame:
+    frames = {}
     for run in runs:
-        table = tables.get((run.label, pair))
-        if table is not None and len(table[view]):
-            part = table[view]
-            out.append(
-                figures.Series(run.label, part[column].to_numpy(), part[metric].to_numpy(float), colors[run.label])
-            )
-    return out
+        table = view(run.label, pair, name)
+        if table is not None and len(table):
+            frames[run.label] = table[[column, metric]].rename(columns={metric: "value"})
+    return stack_runs(frames)
 
 
-def side_by_side(pairs: list[str], make, xlabel: str, what: str, **kwargs) -> None:
+def side_by_side(pairs: list[str], make, x: str, xlabel: str, what: str, **kwargs) -> None:
     cells = st.columns(len(pairs))
     for cell, pair in zip(cells, pairs, strict=True):
-        series = make(pair)
+        data = make(pair)
         with cell:
-            if not series:
+            if not len(data):
                 st.info(f"No {PAIR_TITLES[pair]} routes in the selected runs.", icon=":material/hourglass_empty:")
                 continue
             title = f"{PAIR_TITLES[pair]} {what}"
-            figures.show(figures.lines(series, title, xlabel, METRICS[metric], **kwargs), alt=title)
+            chart = charts.lines(data, x, "value", title=title, xlabel=xlabel, ylabel=METRICS[metric], colors=colors,
+                                 **kwargs)
+            charts.show(chart, data, title)
 
 
 st.header("Over steps")
 st.caption("metrics.jsonl (all response tokens) where it has the metric, else the recorded tokens.")
-side_by_side(["old_new", "rollout_old_free", "rollout_old"], step_series, "step", "by step", integer_x=True)
+side_by_side(["old_new", "rollout_old_free", "rollout_old"], step_frame, "step", "step", "by step", integer_x=True)
 
 st.header("Per minibatch")
 st.caption(
@@ -175,7 +177,8 @@ st.caption(
 )
 side_by_side(
     ["update_old", "old_new"],
-    lambda p: view_series(p, "minibatch", "minibatch"),
+    lambda p: view_frame(p, "minibatch", "minibatch"),
+    "minibatch",
     "minibatch index (update order within the step)",
     "by minibatch",
     integer_x=True,
@@ -185,7 +188,8 @@ st.header("Per response position")
 st.caption("Recorded tokens by 0-based position in the response (bins labelled by their first position).")
 side_by_side(
     ["old_new", "rollout_old_free"],
-    lambda p: view_series(p, "position", "position_bin"),
+    lambda p: view_frame(p, "position", "position_bin"),
+    "position_bin",
     "token position in response (bin start)",
     "by position",
 )

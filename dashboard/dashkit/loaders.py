@@ -125,6 +125,7 @@ VOLATILITY_VIEWS = {
     "step": ["step"],
     "minibatch": ["minibatch"],
     "position": ["position_bin"],
+    "position_layer": ["position_bin", "layer"],
 }
 """Groupings of :func:`volatility` (name -> ``volatility_table`` ``by``)."""
 

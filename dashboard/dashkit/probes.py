@@ -1,4 +1,4 @@
-"""What the Probes page shares: the probe folders under the runs folder, their listing, messages and figures.
+"""What the Probes page shares: the probe folders under the runs folder, their listing, messages and charts.
 
 Probe folders (``moestab probe NAME ... --out DIR``) are found anywhere under the dashboard's runs folder
 (:func:`moestab.probes.folder.find_probe_folders`): beside the runs (``runs/probes/NAME``) or inside a run folder.
@@ -11,21 +11,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import altair as alt
 import pandas as pd
 import streamlit as st
-from matplotlib.figure import Figure
 
+from moestab.analysis.dashboard_data import grid_frame, stack_runs
 from moestab.probes.folder import ProbeResult, find_probe_folders
 from moestab.probes.views import Chart, describe
 
-from . import figures, loaders
+from . import charts, loaders
 
 EMPTY = "No probe folders in `{root}` yet. Make one with `moestab probe compare A B --out DIR`, DIR anywhere under " \
         "this folder (e.g. `{root}/probes/NAME`); it appears here on the next redraw (or Refresh)."
 """What the page says when the runs folder holds no probe folder (``root``: the runs folder)."""
-
-LINESTYLES = ("-", "--", ":", "-.")
-
 
 @dataclass(frozen=True)
 class ProbeRef:
@@ -117,49 +115,43 @@ def chart_data(result: ProbeResult, chart: Chart) -> loaders.Loaded[pd.DataFrame
     return loaders.guarded(lambda skipped: chart.shape(result))
 
 
-def line_series(frames: Mapping[str, pd.DataFrame]) -> list[figures.Series]:
-    """Lines of a ``lines`` chart over folders (label -> frame): one colour per folder, one line style per series
-    within it; labelled by series, prefixed by the folder when there are several."""
-    out = []
-    for i, (label, frame) in enumerate(frames.items()):
-        for j, (name, rows) in enumerate(frame.groupby("series", sort=False)):
-            shown = f"{label}: {name}" if len(frames) > 1 else str(name)
-            out.append(figures.Series(shown, rows["x"].to_numpy(), rows["y"].to_numpy(float), figures.color(i),
-                                      linestyle=LINESTYLES[j % len(LINESTYLES)]))
-    return out
+Drawn = tuple[alt.TopLevelMixin, pd.DataFrame, str]
+"""A chart, the frame it draws (its CSV) and its accessible name."""
 
 
-def chart_figures(chart: Chart, frames: Mapping[str, pd.DataFrame]) -> list[tuple[Figure, str]]:
-    """``chart`` drawn from each folder's frame (label -> frame), with the accessible name of each figure: one
-    figure overlaying the folders for lines, one heatmap per folder."""
+def drawn_charts(chart: Chart, frames: Mapping[str, pd.DataFrame]) -> list[Drawn]:
+    """``chart`` drawn from each folder's frame (label -> frame): one chart overlaying the folders for lines (one
+    colour per folder, one line style per series within it), one heatmap per folder."""
     if not frames:
         return []
     if chart.kind == "lines":
-        series = line_series(frames)
-        positive = all(len(s.x) and (s.x > 0).all() for s in series)
-        fig = figures.lines(series, chart.title, chart.xlabel, chart.ylabel, logx=chart.log_x and positive,
-                            integer_x=chart.integer_x)
-        return [(fig, f"{chart.title} ({', '.join(frames)})")]
+        data = stack_runs(frames, column="folder")
+        colors = {label: charts.color(i) for i, label in enumerate(frames)}
+        drawn = charts.lines(data, "x", "y", title=chart.title, xlabel=chart.xlabel, ylabel=chart.ylabel,
+                             series="folder", colors=colors, dash="series",
+                             log_x=chart.log_x and bool((data["x"] > 0).all()), integer_x=chart.integer_x)
+        return [(drawn, data, f"{chart.title} ({', '.join(frames)})")]
     out = []
+    low, high = chart.limits if chart.limits else (None, None)
     for label, grid in frames.items():
-        vmin, vmax = chart.limits if chart.limits else (None, None)
-        height = max(2.6, 1.4 + 0.3 * grid.shape[0])
-        fig = figures.heatmap(grid, f"{chart.title}: {label}", chart.xlabel, chart.ylabel, chart.value,
-                              vmin=vmin, vmax=vmax, height=height)
-        out.append((fig, f"{chart.title}: {label}"))
+        data = grid_frame(grid, chart.name)
+        row, column = data.columns[:2]
+        drawn = charts.heatmap(data, column, row, chart.name, title=f"{chart.title}: {label}", xlabel=chart.xlabel,
+                               ylabel=chart.ylabel, legend=chart.value, domain=(low, high),
+                               y_order=list(grid.index)[::-1], height=max(140, 60 + 28 * grid.shape[0]))
+        out.append((drawn, data, f"{chart.title}: {label}"))
     return out
 
 
-def draw(charts: Sequence[Chart], refs: Mapping[str, ProbeRef], results: Mapping[str, ProbeResult]
-         ) -> list[tuple[Figure, str]]:
-    """Every chart of the chosen folders (label -> ref, label -> result) as (figure, accessible name); a folder whose
-    table a chart cannot use gets an error box and is left out of that chart."""
+def draw(known: Sequence[Chart], refs: Mapping[str, ProbeRef], results: Mapping[str, ProbeResult]) -> list[Drawn]:
+    """Every chart of the chosen folders (label -> ref, label -> result); a folder whose table a chart cannot use
+    gets an error box and is left out of that chart."""
     drawn = []
-    for chart in charts:
+    for chart in known:
         frames = {}
         for label, result in results.items():
             got = chart_data(result, chart)
             if report(refs[label], got, f"{chart.title.lower()} chart"):
                 frames[label] = got.value
-        drawn.extend(chart_figures(chart, frames))
+        drawn.extend(drawn_charts(chart, frames))
     return drawn

@@ -1,7 +1,9 @@
 """Small readers the dashboard needs beyond the other analyzers: finding runs, a change key per run,
-one overview row per run, streamed co-activation, and histograms on bins shared across runs.
+one overview row per run, streamed co-activation, histograms on bins shared across runs, and the tidy
+frames its charts draw (and offer as CSV), shaped from what the analyzers return.
 
-Pure functions over run folders (docs/run-format.md) and arrays; nothing here imports Streamlit.
+Pure functions over run folders (docs/run-format.md), arrays and frames; nothing here imports Streamlit.
+The shaping functions select, stack and reshape values; every quantity is still computed by its analyzer.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moestab.analysis.experts import metrics_per_layer
 from moestab.analysis.ratios import histogram
 from moestab.analysis.summary import run_summary
 from moestab.metrics.experts import coactivation_counts
@@ -147,3 +150,107 @@ def shared_histograms(values: Mapping[str, np.ndarray], bins: int = 60, limit: f
         frames.append(frame)
     columns = ["run", "left", "right", "count", "share"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+# -- tidy frames of the dashboard's charts ----------------------------------------------------------
+
+
+def stack_runs(frames: Mapping[str, pd.DataFrame], column: str = "run") -> pd.DataFrame:
+    """The frames one under the other, each row labelled in a first column ``column`` by its key (a run or
+    probe folder), in the mapping's order: one frame per chart of several runs."""
+    parts = [frame.assign(**{column: label})[[column, *frame.columns.drop(column, errors="ignore")]]
+             for label, frame in frames.items()]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[column])
+
+
+def metric_curve(metrics: pd.DataFrame, key: str, start: float | None = None) -> pd.DataFrame:
+    """One metrics.jsonl key against step: columns ``step``, ``value``, one row per step that has a number for
+    it (eval keys: the eval steps only).
+
+    ``start`` (e.g. the starting policy's eval accuracy) is put first at step 0. Empty when ``key`` is absent.
+    """
+    if key not in metrics:
+        return pd.DataFrame({"step": pd.Series(dtype=np.int64), "value": pd.Series(dtype=np.float64)})
+    curve = pd.DataFrame({"step": metrics["step"].to_numpy(np.int64),
+                          "value": pd.to_numeric(metrics[key], errors="coerce").to_numpy(np.float64)})
+    curve = curve[curve["value"].notna()].reset_index(drop=True)
+    if start is not None:
+        curve = pd.concat([pd.DataFrame({"step": [0], "value": [float(start)]}), curve], ignore_index=True)
+    return curve
+
+
+METRICS_SOURCE = "all tokens"
+"""Source of a chart drawn from metrics.jsonl (every response token of each step)."""
+TOKENS_SOURCE = "recorded tokens"
+"""Source of a chart drawn from the per-token tables (the recorded sequences and layers)."""
+
+
+def changed_by_layer_step(
+    metrics: pd.DataFrame | None, step_layer: pd.DataFrame | None, pair: str
+) -> tuple[pd.DataFrame | None, str]:
+    """Changed fraction of route pair ``pair`` by layer and step (``step``, ``layer``, ``changed``) and its source.
+
+    metrics.jsonl's ``routing/{pair}/changed_by_layer`` (:data:`METRICS_SOURCE`; ``layer`` is the list index)
+    when it has the key, else the per-token tables' ``step`` x ``layer`` volatility table (:data:`TOKENS_SOURCE`;
+    ``layer`` is the recorded layer's label); ``(None, "")`` when neither has it.
+    """
+    if metrics is not None:
+        tidy = metrics_per_layer(metrics, f"routing/{pair}/changed_by_layer").dropna()
+        if len(tidy):
+            return tidy.rename(columns={"value": "changed"}).reset_index(drop=True), METRICS_SOURCE
+    if step_layer is not None and len(step_layer):
+        return step_layer[["step", "layer", "changed"]].reset_index(drop=True), TOKENS_SOURCE
+    return None, ""
+
+
+def routing_by_step(
+    metrics: pd.DataFrame | None, by_step: pd.DataFrame | None, pair: str, metric: str
+) -> tuple[pd.DataFrame | None, str]:
+    """Volatility ``metric`` of route pair ``pair`` against step (``step``, ``value``) and its source:
+    metrics.jsonl's ``routing/{pair}/{metric}`` when it has the key, else the per-token tables' ``step``
+    volatility table; ``(None, "")`` when neither has it."""
+    key = f"routing/{pair}/{metric}"
+    if metrics is not None and key in metrics:
+        return metric_curve(metrics, key), METRICS_SOURCE
+    if by_step is not None and len(by_step):
+        frame = pd.DataFrame({"step": by_step["step"].to_numpy(),
+                              "value": by_step[metric].to_numpy(np.float64)})
+        return frame, TOKENS_SOURCE
+    return None, ""
+
+
+def margin_bin_centres(by_margin: pd.DataFrame) -> pd.DataFrame:
+    """:func:`moestab.analysis.attribution.flip_rate_by_margin`'s table with ``margin``, the middle of each
+    margin bin (where its flip rate is drawn), as first column."""
+    centre = (by_margin["margin_low"].to_numpy(np.float64) + by_margin["margin_high"].to_numpy(np.float64)) / 2
+    return by_margin.assign(margin=centre)[["margin", *by_margin.columns]].reset_index(drop=True)
+
+
+def load_at_step(load: pd.DataFrame, step: int) -> tuple[int, pd.DataFrame]:
+    """The expert load (:func:`moestab.analysis.experts.metrics_load`'s tidy frame) at ``step``, or at the last
+    step before it that the run logged (its first step when it has none before): that step and its rows
+    ``layer``, ``expert``, ``load``. Raises ``ValueError`` on an empty frame."""
+    if not len(load):
+        raise ValueError("no expert load to pick a step from")
+    earlier = load.loc[load["step"] <= step, "step"]
+    shown = int(earlier.max()) if len(earlier) else int(load["step"].min())
+    rows = load.loc[load["step"] == shown, ["layer", "expert", "load"]]
+    return shown, rows.reset_index(drop=True)
+
+
+def matrix_frame(matrix: np.ndarray, row: str, column: str, value: str) -> pd.DataFrame:
+    """A 2-D array as a tidy frame, one row per cell (``row``, ``column``: the indices; ``value``), NaN kept."""
+    values = np.asarray(matrix, np.float64)
+    if values.ndim != 2:
+        raise ValueError(f"expected a 2-D array, got shape {values.shape}")
+    rows, columns = np.indices(values.shape)
+    return pd.DataFrame({row: rows.ravel(), column: columns.ravel(), value: values.ravel()})
+
+
+def grid_frame(grid: pd.DataFrame, value: str) -> pd.DataFrame:
+    """A grid (index on one axis, columns on the other) as a tidy frame: its index name, its columns' name
+    (``row`` / ``column`` when unnamed) and ``value``, one row per cell in the grid's order, NaN kept."""
+    row = grid.index.name or "row"
+    column = grid.columns.name or "column"
+    tidy = grid.rename_axis(index=row, columns=column).stack(future_stack=True)
+    return tidy.rename(value).reset_index()

@@ -61,3 +61,24 @@ def make_app(monkeypatch: pytest.MonkeyPatch):
         return AppTest.from_file(str(APP), default_timeout=120)
 
     return make
+
+
+@pytest.fixture
+def downloads(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str | None, bytes]]:
+    """Files served by ``st.download_button`` in this test's AppTest runs: URL -> (file name, bytes).
+
+    AppTest keeps them in a media store it makes per run and drops afterwards; this records what goes in.
+    """
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+    from streamlit.testing.v1 import app_test
+
+    served: dict[str, tuple[str | None, bytes]] = {}
+
+    class Recording(MemoryMediaFileStorage):
+        def load_and_get_id(self, path_or_data, mimetype, kind, filename=None):
+            file_id = super().load_and_get_id(path_or_data, mimetype, kind, filename)
+            served[self.get_url(file_id)] = (filename, self.get_file(file_id).content)
+            return file_id
+
+    monkeypatch.setattr(app_test, "MemoryMediaFileStorage", Recording)
+    return served

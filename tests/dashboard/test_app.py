@@ -1,7 +1,8 @@
 """Every dashboard page under Streamlit's AppTest, on real runs, an empty folder and damaged runs.
 
-AppTest runs dashboard/app.py in this process (no browser): it checks what each page renders, that
-no exception or error box appears for good runs, and that one bad run leaves the others working.
+AppTest runs dashboard/app.py in this process (no browser): it checks what each page renders (its charts, the
+frames they draw against the analyzers' own results, and the CSV beside each chart), that no exception or error
+box appears for good runs, and that one bad run leaves the others working.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.dashboard.conftest import PAGES
+from tests.dashboard.shown import assert_interactive_with_csv, chart_alts
 
 RUNS_PAGE = "app_pages/runs.py"
 PROBES_PAGE = "app_pages/probes.py"  # reads probe folders, not runs (tests/dashboard/test_probes_page.py)
@@ -27,11 +29,6 @@ def open_page(at, page: str):
     return at
 
 
-def chart_alts(at) -> list[str]:
-    """Accessible names of the chart images on the page (every figure is shown with one)."""
-    return [img.alt for element in at.get("image") for img in element.proto.imgs]
-
-
 def texts(elements) -> str:
     return "\n".join(str(e.value) for e in elements)
 
@@ -42,7 +39,7 @@ def assert_clean(at) -> None:
     assert not at.warning, texts(at.warning)
 
 
-# Charts each page must show for the two real runs (substrings of the images' accessible names).
+# Charts each page must show for the two real runs (substrings of the charts' accessible names).
 EXPECTED_CHARTS = {
     "app_pages/training.py": [
         "Reward (mean over the rollout batch) against step",
@@ -59,6 +56,8 @@ EXPECTED_CHARTS = {
         "Heatmap of routing change old_new by layer and step for gspo-off",
         "Heatmap of routing change rollout_old_free by layer and step for gspo-off",
         "Heatmap of routing change old_new by layer and step for gspo-r2",
+        "Heatmap of routing change old_new by layer and position for gspo-off",
+        "Heatmap of routing change rollout_old_free by layer and position for gspo-r2",
         "old → new (trainer, free routing) by step",
         "rollout → trainer (free pi_old) by step",
         "rollout → trainer (pi_old as used) by step",
@@ -86,13 +85,14 @@ EXPECTED_CHARTS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", list(PAGES))
-def test_page_renders_real_runs(make_app, trained_runs: Path, page: str) -> None:
+def test_page_renders_real_runs(make_app, trained_runs: Path, downloads: dict, page: str) -> None:
     at = open_page(make_app(trained_runs), page)
     assert_clean(at)
     assert [t.value for t in at.title] == [PAGES[page]]
     alts = chart_alts(at)
     for expected in EXPECTED_CHARTS.get(page, []):
         assert any(expected in alt for alt in alts), f"no chart {expected!r} among {alts}"
+    assert_interactive_with_csv(at, downloads)
     if page == RUNS_PAGE:
         table = at.dataframe[0].value
         assert list(table["run"]) == ["gspo-off", "gspo-r2"]

@@ -1,15 +1,19 @@
-"""The dashboard served by ``moestab dashboard`` and rendered by headless Chromium.
+"""Every dashboard page served by ``moestab dashboard`` and rendered by headless Chromium.
 
-Starts the real server on 127.0.0.1 (a free port) on the session's trained runs, opens the Training
-page straight from its URL (a first visit that skips the entry page), waits until the charts have
-rendered, checks the title, the charts and that no error box is shown, and saves a screenshot
-(to the test's tmp folder; set $MOESTAB_DASHBOARD_SCREENSHOT to keep it, e.g. for the README's image,
-which is refreshed from warm-started runs with that variable).
+Playwright drives the system's Chromium (``executable_path``; no browser is downloaded). The server runs on
+127.0.0.1 over the session's two trained runs and a real ``compare`` probe folder of their last checkpoints. Each
+page is opened straight from its URL (a first visit that skips the entry page); the test waits until Streamlit
+has finished and every chart has drawn, then checks the title, that each Vega-Lite chart is an SVG of nonzero size
+with data marks in it, that each has its CSV button and that no error box is shown, and saves a screenshot of the
+whole page as ``dashboard_<page>.png``: in the test's tmp folder, or in ``$MOESTAB_DASHBOARD_SCREENSHOTS`` (how
+docs/images is refreshed). ``$MOESTAB_SCREENSHOT_RUNS`` serves that runs folder instead of the test's own (for the
+docs' screenshots of longer runs); it needs at least one run and a compare or numerics probe folder.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,30 +21,67 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.dashboard.browser import Browser, find_chromium
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+except ImportError:  # the dev extra installs it; without it the test is skipped, saying so
+    sync_playwright = None
 
-CHROMIUM = find_chromium()
-SCREENSHOT_ENV = "MOESTAB_DASHBOARD_SCREENSHOT"
+CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))),
+                None)
+SCREENSHOTS_ENV = "MOESTAB_DASHBOARD_SCREENSHOTS"
+RUNS_ENV = "MOESTAB_SCREENSHOT_RUNS"
+WIDTH, TALLEST = 1400, 6000  # viewport: every page fits, so no chart waits to be scrolled to
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None,
-        reason="no Chromium on PATH (install the Debian package `chromium`; scripts/setup.sh dev does)",
-    ),
+    pytest.mark.skipif(sync_playwright is None,
+                       reason="the playwright package is not installed (pip install -e '.[dev]')"),
+    pytest.mark.skipif(CHROMIUM is None,
+                       reason="no Chromium on PATH (install the Debian package `chromium`; scripts/setup.sh dev does)"),
 ]
 
-# True once Streamlit has drawn the page: at least `min` chart images, all decoded, and no script
-# run in progress (the status widget shows only while the script runs).
-READY = """(() => {{
-  const images = Array.from(document.querySelectorAll('[data-testid="stImage"] img'));
-  const running = document.querySelector('[data-testid="stStatusWidget"]');
-  return images.length >= {min} && images.every(i => i.complete && i.naturalWidth > 0) && !running;
-}})()"""
+# url path -> (title, starts of the accessible names of charts the page must show).
+PAGES = {
+    "": ("Runs", []),
+    "training": ("Training", ["Reward (mean over the rollout batch) against step", "Eval accuracy (greedy"]),
+    "volatility": ("Routing volatility", ["Heatmap of routing change old_new by layer and step for ",
+                                          "Heatmap of routing change old_new by layer and position for ",
+                                          "old → new (trainer, free routing) by step"]),
+    "ratios": ("Ratios", ["Histogram of log_w per run", "Clipped tokens (minibatches 2..n) by step"]),
+    "attribution": ("Attribution", ["Mean |log w| of flipped and unflipped tokens per run",
+                                    "Router flip rate against router margin per run"]),
+    "experts": ("Experts", ["Heatmap of expert load by layer for ", "Co-activation matrix of layer "]),
+    "probes": ("Probes", ["Router flip rate by layer ("]),
+}
+
+# The page's chart count once Streamlit has finished the script run, at least ``least`` charts have arrived, each
+# is an SVG with marks drawn in it and its CSV button under it, and each visible table has filled its grid (the
+# grid's accessible <table> mirror appears once its rows are drawn); else false.
+SETTLED = """([title, least]) => {
+  const h1 = document.querySelector('h1');
+  if (!h1 || h1.innerText.trim() !== title || document.querySelector('[data-testid="stStatusWidget"]')) return false;
+  const charts = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'));
+  const buttons = document.querySelectorAll('[data-testid="stDownloadButton"]').length;
+  const drawn = charts.every(c => c.querySelector('svg g.role-mark path'));
+  const tables = Array.from(document.querySelectorAll('[data-testid="stDataFrame"]'))
+    .filter(t => t.checkVisibility()).every(t => t.querySelector('table'));  // not those in closed expanders
+  return charts.length >= least && buttons === charts.length && drawn && tables ? String(charts.length) : false;
+}"""
+
+# Per chart: its accessible name, its SVG's size and how many data-mark paths it drew (not axes or legends).
+CHARTS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).map(c => {
+  const svg = c.querySelector('svg');
+  const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+  return {name: c.getAttribute('aria-label'), width: box.width, height: box.height,
+          marks: c.querySelectorAll('svg g.role-mark path').length};
+})"""
+
+ERRORS = '[data-testid="stAlertContentError"], [data-testid="stException"]'
 
 
 def free_port() -> int:
@@ -59,19 +100,38 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 90.0) -> N
                 if response.status == 200:
                     return
         except (urllib.error.URLError, OSError):
-            pass
+            pass  # not listening yet
         time.sleep(0.3)
     raise AssertionError(f"the dashboard did not answer on {url} within {timeout:.0f} s")
 
 
-@pytest.fixture
-def server(trained_runs: Path, tmp_path: Path):
-    """``moestab dashboard RUNS --port P --no-browser`` as a subprocess; yields its base URL."""
+@pytest.fixture(scope="module")
+def served_root(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
+    """The two trained runs (linked, not copied) beside a compare probe folder of their last checkpoints."""
+    if os.environ.get(RUNS_ENV):
+        return Path(os.environ[RUNS_ENV]).resolve()
+    from moestab.probes import ProbeSettings, load_suite, run_probe, write_probe_folder
+    from moestab.probes.checkpoints import resolve_checkpoints
+
+    trained_runs: Path = request.getfixturevalue("trained_runs")
+    root = tmp_path_factory.mktemp("served")
+    for run in sorted(p for p in trained_runs.iterdir() if p.is_dir()):
+        (root / run.name).symlink_to(run, target_is_directory=True)
+    last = [resolve_checkpoints([trained_runs / name])[-1] for name in ("gspo-off", "gspo-r2")]
+    write_probe_folder(run_probe("compare", last, load_suite("general", 8), ProbeSettings(max_tokens=48)),
+                       root / "probes" / "compare")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(served_root: Path, tmp_path_factory) -> Iterator[str]:
+    """``moestab dashboard ROOT --port P --no-browser`` as a subprocess; yields its base URL."""
     port = free_port()
-    log = (tmp_path / "server.log").open("w")
+    folder = tmp_path_factory.mktemp("server")
+    log = (folder / "server.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "moestab.cli", "dashboard", str(trained_runs), "--port", str(port), "--no-browser"],
-        cwd=tmp_path,
+        [sys.executable, "-m", "moestab.cli", "dashboard", str(served_root), "--port", str(port), "--no-browser"],
+        cwd=folder,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the streamlit child is stopped with it
@@ -90,25 +150,114 @@ def server(trained_runs: Path, tmp_path: Path):
         log.close()
 
 
-def test_training_page_in_chromium(server: str, tmp_path: Path) -> None:
-    with Browser(CHROMIUM, width=1400, height=1000) as browser:
-        browser.open(f"{server}/training")
-        browser.wait_for(READY.format(min=9), timeout=120)
-        time.sleep(0.5)  # let the last layout pass settle before the screenshot
-        assert "moestab dashboard" in browser.evaluate("document.title")
-        assert browser.evaluate("document.querySelector('h1').innerText") == "Training"
-        alts = browser.evaluate(
-            "Array.from(document.querySelectorAll('[data-testid=\"stImage\"] img')).map(i => i.alt)"
-        )
-        assert "Reward (mean over the rollout batch) against step" in alts, alts
-        assert any(alt.startswith("Eval accuracy") for alt in alts), alts
-        errors = browser.evaluate(
-            'document.querySelectorAll(\'[data-testid="stAlertContentError"], [data-testid="stException"]\').length'
-        )
-        assert errors == 0, browser.evaluate("document.body.innerText")
-        # The app's own navigation (not Streamlit's legacy pages/ list) and its sidebar are there.
-        nav = browser.evaluate("document.querySelector('[data-testid=\"stSidebarNav\"]').innerText")
-        assert "Routing volatility" in nav and "app" not in nav.split()
-        assert "Runs folder" in browser.evaluate("document.querySelector('[data-testid=\"stSidebar\"]').innerText")
-        shot = browser.screenshot(Path(os.environ.get(SCREENSHOT_ENV, tmp_path / "dashboard.png")))
-    assert shot.stat().st_size > 20_000  # a page of charts, not a blank or skeleton page
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """The system Chromium, headless, driven by Playwright."""
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                              args=["--disable-dev-shm-usage", "--disable-gpu"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": WIDTH, "height": TALLEST})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def settle(page: Page, title: str, least: int) -> None:
+    """Wait until the page has finished drawing: :data:`SETTLED`, with the same chart count 0.3 s later
+    (Streamlit sends a page's elements while its script runs)."""
+    seen = None
+    while True:
+        count = page.wait_for_function(SETTLED, arg=[title, least], timeout=120_000).json_value()
+        if count == seen:
+            return
+        seen = count
+        page.wait_for_timeout(300)
+
+
+def open_settled(page: Page, url: str, title: str, least: int) -> None:
+    """Open ``url`` and wait until its page has finished drawing at least ``least`` charts."""
+    page.goto(url)
+    settle(page, title, least)
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_page_renders_its_charts_in_chromium(server: str, page: Page, path: str, tmp_path: Path) -> None:
+    title, required = PAGES[path]
+    open_settled(page, f"{server}/{path}", title, len(required))
+    assert "moestab dashboard" in page.title()
+    assert page.locator(ERRORS).count() == 0, page.inner_text("body")
+    # The app's own navigation (not Streamlit's legacy pages/ list) and its sidebar are there.
+    nav = page.inner_text('[data-testid="stSidebarNav"]')
+    assert "Routing volatility" in nav and "app" not in nav.split()
+    assert "Runs folder" in page.inner_text('[data-testid="stSidebar"]')
+
+    charts = page.evaluate(CHARTS)
+    names = [chart["name"] for chart in charts]
+    for name in required:
+        assert any(n.startswith(name) for n in names), f"no chart {name!r} among {names}"
+    for chart in charts:
+        assert chart["width"] > 100 and chart["height"] > 100, chart
+        assert chart["marks"] > 0, chart
+    assert page.locator('[data-testid="stDownloadButton"]').count() == len(charts)  # a CSV under each chart
+    if not path:
+        table = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
+        assert table and table["width"] > 100 and table["height"] > 50  # the runs table
+
+    # The whole page in one image (the viewport is taller than any page; the image stops under the content).
+    bottom = page.evaluate("document.querySelector('[data-testid=\"stMainBlockContainer\"]').getBoundingClientRect()"
+                           ".bottom")
+    shot = screenshot_dir(tmp_path) / f"dashboard_{path or 'runs'}.png"
+    page.screenshot(path=str(shot), clip={"x": 0, "y": 0, "width": WIDTH, "height": min(max(bottom, 800), TALLEST)})
+    assert shot.stat().st_size > 30_000  # a page of tables and charts, not a blank or skeleton page
+
+
+def hover_tooltip(page: Page, marks) -> str:
+    """The tooltip Vega-Lite shows with the pointer at the centre of ``marks``."""
+    box = marks.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    tooltip = page.locator("#vg-tooltip-element.visible")
+    tooltip.wait_for(timeout=10_000)
+    return tooltip.inner_text()
+
+
+def test_charts_answer_the_pointer(server: str, page: Page) -> None:
+    """Hovering a line chart shows the values under the pointer; a legend click keeps one run."""
+    open_settled(page, f"{server}/training", "Training", 1)
+    chart = page.locator('[data-testid="stVegaLiteChart"]').first
+    text = hover_tooltip(page, chart.locator("svg g.role-mark").first)
+    assert "run" in text and "step" in text and "value" in text, text
+
+    lines = chart.locator("svg g.mark-line.role-mark path")  # one per run, in legend order
+    assert lines.count() >= 2 and set(opacities(lines)) == {1.0}
+    chart.locator("svg g.role-legend-symbol path").first.click()
+    page.wait_for_function("(line) => parseFloat(line.getAttribute('opacity')) < 1", arg=lines.nth(1).element_handle())
+    kept = opacities(lines)
+    assert kept[0] == 1.0 and max(kept[1:]) < 1.0, kept
+
+
+def opacities(lines) -> list[float]:
+    return [float(lines.nth(i).get_attribute("opacity") or 1.0) for i in range(lines.count())]
+
+
+def test_heatmaps_answer_the_pointer(server: str, page: Page) -> None:
+    """Hovering a layer x step heatmap's cell shows its step, layer and value."""
+    open_settled(page, f"{server}/volatility", "Routing volatility", 1)
+    heatmap = page.locator('[data-testid="stVegaLiteChart"][aria-label^="Heatmap of routing change old_new by layer '
+                           'and step"]').first
+    text = hover_tooltip(page, heatmap.locator("svg g.mark-rect.role-mark").first)
+    assert "step" in text and "layer" in text and "changed" in text, text

@@ -72,7 +72,8 @@ def test_runs_folder_source_and_misspelt_variables() -> None:
     assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS": ""}) == ("runs", "default: ./runs")  # empty: unset
     assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS_DIR": "/x"}) == ("runs", "default: ./runs")
     misspelt = ["MOESTAB_RUNS_DIR", "MOESTAB_RUN_DIR", "MOESTAB_RUNSDIR", "MOESTAB_RUN", "moestab_runs"]
-    others = ["MOESTAB_CACHE", "MOESTAB_DASHBOARD_SCREENSHOT", "MOESTAB_RUNTIME", "RUNS_DIR", "HOME"]
+    others = ["MOESTAB_CACHE", "MOESTAB_DASHBOARD_SCREENSHOTS", "MOESTAB_SCREENSHOT_RUNS", "MOESTAB_RUNTIME",
+              "RUNS_DIR", "HOME"]
     environ = dict.fromkeys(misspelt + others, "/x")
     assert ignored_runs_env(environ) == sorted(misspelt)
     assert ignored_runs_env({**environ, "MOESTAB_RUNS": "/env"}) == []  # the right one is set: nothing to say

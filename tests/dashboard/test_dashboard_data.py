@@ -7,17 +7,28 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from moestab.analysis import NotARunError, RunFileError
 from moestab.analysis.dashboard_data import (
+    METRICS_SOURCE,
+    TOKENS_SOURCE,
+    changed_by_layer_step,
     find_runs,
+    grid_frame,
+    load_at_step,
+    margin_bin_centres,
+    matrix_frame,
+    metric_curve,
+    routing_by_step,
     run_coactivation,
     run_fingerprint,
     run_overview,
     shared_histograms,
+    stack_runs,
 )
 from moestab.analysis.experts import coactivation
 from moestab.analysis.ratios import histogram
@@ -199,3 +210,85 @@ def test_shared_histograms_default_limit_pools_runs() -> None:
     empty = shared_histograms({"none": np.array([np.nan])}, bins=3)
     assert empty["count"].sum() == 0 and empty["share"].isna().all()
     assert list(shared_histograms({}).columns) == ["run", "left", "right", "count", "share"]
+
+
+# -- tidy frames of the charts --------------------------------------------------------------------
+
+
+def test_stack_runs_labels_rows_in_order() -> None:
+    a = pd.DataFrame({"step": [1, 2], "value": [0.5, 0.25]})
+    b = pd.DataFrame({"step": [1], "value": [1.0], "run": ["ignored: replaced by the key"]})
+    stacked = stack_runs({"z-run": a, "a-run": b})
+    assert list(stacked.columns) == ["run", "step", "value"]
+    assert stacked["run"].tolist() == ["z-run", "z-run", "a-run"]  # the mapping's order, not sorted
+    assert stacked["value"].tolist() == [0.5, 0.25, 1.0]
+    assert list(stack_runs({"f": a}, column="folder").columns) == ["folder", "step", "value"]
+    assert list(stack_runs({}).columns) == ["run"] and stack_runs({}).empty
+
+
+def test_metric_curve_keeps_logged_steps_and_puts_the_start_at_step_0() -> None:
+    metrics = pd.DataFrame({"step": [1, 2, 3, 4], "eval/accuracy": [None, 0.5, None, "0.75"], "loss": [1, 2, 3, 4]})
+    curve = metric_curve(metrics, "eval/accuracy", start=0.25)
+    assert curve["step"].tolist() == [0, 2, 4]
+    assert curve["value"].tolist() == [0.25, 0.5, 0.75]
+    assert metric_curve(metrics, "loss")["value"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    missing = metric_curve(metrics, "reward/mean", start=0.1)
+    assert missing.empty and list(missing.columns) == ["step", "value"]
+
+
+def test_changed_by_layer_step_prefers_metrics_then_the_tables() -> None:
+    metrics = pd.DataFrame({"step": [1, 2], "routing/old_new/changed_by_layer": [[0.1, 0.2], [0.3, None]]})
+    table = pd.DataFrame({"step": [1], "layer": [5], "changed": [0.9], "routers": [10]})
+    frame, source = changed_by_layer_step(metrics, table, "old_new")
+    assert source == METRICS_SOURCE
+    assert frame.to_dict("list") == {"step": [1, 1, 2], "layer": [0, 1, 0], "changed": [0.1, 0.2, 0.3]}
+    frame, source = changed_by_layer_step(metrics, table, "rollout_old_free")  # not in metrics.jsonl
+    assert source == TOKENS_SOURCE
+    assert frame.to_dict("list") == {"step": [1], "layer": [5], "changed": [0.9]}
+    assert changed_by_layer_step(None, None, "old_new") == (None, "")
+    assert changed_by_layer_step(metrics, table.iloc[:0], "update_old") == (None, "")
+
+
+def test_routing_by_step_prefers_metrics_then_the_tables() -> None:
+    metrics = pd.DataFrame({"step": [1, 2], "routing/old_new/router_flip": [0.1, 0.2]})
+    by_step = pd.DataFrame({"step": [1, 2], "changed": [0.3, 0.4], "router_flip": [0.5, 0.6]})
+    frame, source = routing_by_step(metrics, by_step, "old_new", "router_flip")
+    assert (frame["value"].tolist(), source) == ([0.1, 0.2], METRICS_SOURCE)
+    frame, source = routing_by_step(metrics, by_step, "old_new", "changed")
+    assert (frame["value"].tolist(), source) == ([0.3, 0.4], TOKENS_SOURCE)
+    assert routing_by_step(None, None, "old_new", "changed") == (None, "")
+
+
+def test_margin_bin_centres() -> None:
+    by_margin = pd.DataFrame({"bin": [0, 1], "margin_low": [0.0, 0.5], "margin_high": [0.5, 2.5],
+                              "flip_rate": [0.3, 0.1]})
+    centred = margin_bin_centres(by_margin)
+    assert list(centred.columns) == ["margin", "bin", "margin_low", "margin_high", "flip_rate"]
+    assert centred["margin"].tolist() == [0.25, 1.5]
+    assert centred["flip_rate"].tolist() == [0.3, 0.1]
+
+
+def test_load_at_step_takes_the_last_logged_step_before() -> None:
+    load = pd.DataFrame({"step": [2, 2, 4, 4], "layer": [0, 0, 0, 0], "expert": [0, 1, 0, 1],
+                         "load": [0.5, 0.5, 0.9, 0.1]})
+    assert load_at_step(load, 4)[0] == 4
+    shown, rows = load_at_step(load, 3)  # no step 3: step 2
+    assert shown == 2 and rows.to_dict("list") == {"layer": [0, 0], "expert": [0, 1], "load": [0.5, 0.5]}
+    assert load_at_step(load, 1)[0] == 2  # nothing before: the first step
+    with pytest.raises(ValueError, match="no expert load"):
+        load_at_step(load.iloc[:0], 1)
+
+
+def test_matrix_and_grid_frames_one_row_per_cell() -> None:
+    tidy = matrix_frame(np.array([[1.0, 0.5], [np.nan, 1.0]]), "i", "j", "share")
+    assert tidy["i"].tolist() == [0, 0, 1, 1] and tidy["j"].tolist() == [0, 1, 0, 1]
+    np.testing.assert_array_equal(tidy["share"], [1.0, 0.5, np.nan, 1.0])
+    with pytest.raises(ValueError, match="2-D"):
+        matrix_frame(np.zeros(3), "i", "j", "v")
+    grid = pd.DataFrame([[0.9, np.nan], [1.0, 1.0]], index=pd.Index(["a@0", "a@6"], name="checkpoint"),
+                        columns=pd.Index([0, 3], name="layer"))
+    tidy = grid_frame(grid, "saturation")
+    assert list(tidy.columns) == ["checkpoint", "layer", "saturation"]
+    assert tidy["checkpoint"].tolist() == ["a@0", "a@0", "a@6", "a@6"] and tidy["layer"].tolist() == [0, 3, 0, 3]
+    np.testing.assert_array_equal(tidy["saturation"], [0.9, np.nan, 1.0, 1.0])  # NaN kept: a blank cell
+    assert list(grid_frame(pd.DataFrame([[1.0]]), "v").columns) == ["row", "column", "v"]

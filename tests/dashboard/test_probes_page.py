@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from moestab.probes import ProbeResult, read_probe_folder, write_probe_folder
-from tests.dashboard.test_app import PROBES_PAGE, assert_clean, chart_alts, texts
+from moestab.probes.views import flip_rate_by_margin, router_flip_by_layer, saturation_top1_grid
+from tests.dashboard.shown import assert_interactive_with_csv, chart_alts, chart_named
+from tests.dashboard.test_app import PROBES_PAGE, assert_clean, texts
 from tests.probes.test_probes import probe, save_family
 
 
@@ -51,7 +53,7 @@ def dataframe_after(at, header: str) -> pd.DataFrame:
     return at.dataframe[{"What was probed": 1, "Summary": 2}[header]].value
 
 
-def test_probe_folders_are_listed_with_metadata_summary_and_charts(make_app, probe_root: Path) -> None:
+def test_probe_folders_are_listed_with_metadata_summary_and_charts(make_app, probe_root: Path, downloads) -> None:
     at = open_probes(make_app, probe_root)
     assert_clean(at)
     assert [t.value for t in at.title] == ["Probes"]
@@ -71,6 +73,10 @@ def test_probe_folders_are_listed_with_metadata_summary_and_charts(make_app, pro
     assert dataframe_after(at, "Summary")["router_flip"].iloc[0] == 0  # a checkpoint against itself
     assert chart_alts(at) == ["Router flip rate against router margin (probes/compare-aa)",
                               "Router flip rate by layer (probes/compare-aa)"]
+    margin = chart_named(at, "Router flip rate against router margin").data
+    expected = flip_rate_by_margin(saved).assign(folder="probes/compare-aa")[["folder", "series", "x", "y"]]
+    pd.testing.assert_frame_equal(margin, expected, check_dtype=False)
+    assert_interactive_with_csv(at, downloads)
     assert json.loads(at.json[0].value)["suite"] == saved.suite
 
     # numerics: one row and one line per comparison.
@@ -87,6 +93,12 @@ def test_probe_folders_are_listed_with_metadata_summary_and_charts(make_app, pro
     assert "Summary" not in [h.value for h in at.header]
     assert chart_alts(at) == ["Top-k router saturation vs the reference: sweep/run-1/probes/saturation",
                               "Top-1 router saturation vs the reference: sweep/run-1/probes/saturation"]
+    assert_interactive_with_csv(at, downloads)
+    top1 = chart_named(at, "Top-1 router saturation").data.pivot(index="checkpoint", columns="layer",
+                                                                   values="saturation_top1")
+    grid = saturation_top1_grid(read_probe_folder(probe_root / "sweep/run-1/probes/saturation"))
+    pd.testing.assert_frame_equal(top1.loc[grid.index], grid, check_names=False)
+    assert (top1.iloc[-1] == 1).all() and (top1.to_numpy() < 1).any()  # the reference row, and a model that differs
     assert [e.label for e in at.expander if e.label == "saturation"] == ["saturation"]
 
 
@@ -103,6 +115,11 @@ def test_several_folders_of_one_probe_are_overlaid(make_app, probe_root: Path) -
     ]  # one chart each, both folders on it
     (by_layer,) = [e.dataframe[0].value for e in at.expander if e.label == "by_layer"]
     assert set(by_layer["folder"]) == {"probes/compare-ab", "probes/compare-aa"}
+    lines = chart_named(at, "Router flip rate by layer").data
+    for folder in ("probes/compare-ab", "probes/compare-aa"):
+        expected = router_flip_by_layer(read_probe_folder(probe_root / folder))
+        got = lines[lines["folder"] == folder].drop(columns="folder").reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False)
 
 
 def test_an_unknown_probe_is_shown_as_its_tables(make_app, tmp_path: Path) -> None:

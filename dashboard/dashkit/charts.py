@@ -1,0 +1,223 @@
+"""Interactive Altair charts of the dashboard, each shown with a CSV download of the frame it draws.
+
+Charts only draw the tidy frames they are given (values from ``moestab.analysis``, shaped by
+``moestab.analysis.dashboard_data``), and the CSV is that same frame. Every chart has tooltips; line, step and
+zoomable heatmap charts zoom and pan (wheel, drag; double-click resets); clicking a legend entry keeps that run
+(shift-click adds runs). Runs keep one colour on every page: their position in the selection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import textwrap
+from collections.abc import Mapping, Sequence
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+HEIGHT = 340
+TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+         "#17becf")
+FADED = 0.15  # opacity of the runs a legend click did not keep
+
+
+def color(index: int) -> str:
+    """Colour of the ``index``-th selected run (matplotlib's tab10, cycling)."""
+    return TAB10[index % len(TAB10)]
+
+
+def _title(text: str) -> alt.TitleParams:
+    """A chart title wrapped to lines that fit a third of a wide page (Vega cuts long one-line titles)."""
+    return alt.TitleParams(textwrap.wrap(text, 46), anchor="start", fontSize=13, limit=0)
+
+
+def _legend() -> alt.Legend:
+    """On top, two entries a row: a third of a wide page holds two run names side by side, not more."""
+    return alt.Legend(orient="top", title=None, columns=2, labelLimit=300)
+
+
+def _colour(field: str, colors: Mapping[str, str] | None) -> alt.Color:
+    """Nominal colour of ``field``; fixed per run when ``colors`` (label -> colour) is given."""
+    scale = alt.Scale(domain=list(colors), range=list(colors.values())) if colors else alt.Undefined
+    return alt.Color(f"{field}:N", scale=scale, legend=_legend())
+
+
+def _scale(log: bool) -> alt.Scale:
+    return alt.Scale(type="log") if log else alt.Scale(zero=False)
+
+
+def _axis(integer: bool = False, log: bool = False) -> alt.Axis:
+    """Integer ticks for steps and indices; else short numbers (``~g``: 4e-14, 0.002, 12000), and on a log
+    scale few ticks (Vega draws a grid line per tick)."""
+    if integer:
+        return alt.Axis(tickMinStep=1, format="d")
+    return alt.Axis(format="~g", tickCount=4 if log else alt.Undefined)
+
+
+def lines(
+    data: pd.DataFrame,
+    x: str,
+    y: str,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: str = "run",
+    colors: Mapping[str, str] | None = None,
+    dash: str | None = None,
+    log_x: bool = False,
+    log_y: bool = False,
+    integer_x: bool = False,
+    points: bool | None = None,
+) -> alt.LayerChart:
+    """One line per ``series`` value (``dash``: a second field drawn as line style) of ``y`` against ``x``.
+
+    Hovering shows the values at the nearest ``x``; points are drawn when there are few (``points=None``).
+    """
+    keep = alt.selection_point(fields=[series], bind="legend")
+    hover = alt.selection_point(on="pointerover", nearest=True, fields=[x], empty=False, clear="pointerout")
+    encoding = {
+        "x": alt.X(f"{x}:Q", title=xlabel, scale=_scale(log_x), axis=_axis(integer_x, log_x)),
+        "y": alt.Y(f"{y}:Q", title=ylabel, scale=_scale(log_y), axis=_axis(log=log_y)),
+        "color": _colour(series, colors),
+    }
+    if dash:
+        encoding["strokeDash"] = alt.StrokeDash(f"{dash}:N", legend=_legend())
+    tooltip = [series, *([dash] if dash else []), alt.Tooltip(f"{x}:Q"), alt.Tooltip(f"{y}:Q", format=".4g")]
+    base = alt.Chart(data).encode(**encoding)
+    if points is None:
+        points = data.groupby(series)[x].count().max() <= 12 if len(data) else False
+    line = base.mark_line(point=bool(points)).encode(
+        opacity=alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED))
+    ).add_params(keep, alt.selection_interval(bind="scales"))
+    dots = base.mark_circle(size=70).encode(
+        opacity=alt.when(hover).then(alt.value(1.0)).otherwise(alt.value(0.0)), tooltip=tooltip
+    ).add_params(hover)
+    rule = alt.Chart(data).mark_rule(color="gray", strokeWidth=0.8).encode(x=encoding["x"]).transform_filter(hover)
+    return alt.layer(line, dots, rule).properties(title=_title(title), height=HEIGHT)
+
+
+def heatmap(
+    data: pd.DataFrame,
+    x: str,
+    y: str,
+    value: str,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    legend: str,
+    domain: tuple[float | None, float | None] = (None, None),
+    scheme: str = "viridis",
+    zoom: bool = False,
+    y_order: Sequence | None = None,
+    height: int = HEIGHT,
+) -> alt.Chart:
+    """A cell per (``x``, ``y``) coloured by ``value`` (NaN cells blank; ``domain``: the colour scale's ends,
+    ``None`` for the data's), tooltips on hover.
+
+    ``zoom``: integer ``x`` and ``y`` (steps, layers) on continuous axes, one unit per cell, so the chart zooms
+    and pans; else both are ordered categories (``y_order`` top to bottom; default: largest first, so layer 0
+    sits at the bottom).
+    """
+    hover = alt.selection_point(on="pointerover", fields=[x, y], empty=False, clear="pointerout")
+    low, high = domain
+    scale = alt.Scale(scheme=scheme, domainMin=alt.Undefined if low is None else low,
+                      domainMax=alt.Undefined if high is None else high)
+    # The colour bar goes on top: beside the cells it would take half of a narrow column.
+    colour = alt.Color(f"{value}:Q", title=legend, scale=scale,
+                       legend=alt.Legend(orient="top", direction="horizontal", gradientLength=160, titleLimit=300))
+    tooltip = [alt.Tooltip(f"{x}:{'Q' if zoom else 'O'}"), alt.Tooltip(f"{y}:{'Q' if zoom else 'O'}"),
+               alt.Tooltip(f"{value}:Q", format=".4g")]
+    chart = alt.Chart(data)
+    if zoom:
+        chart = chart.transform_calculate(
+            x_from=alt.datum[x] - 0.5, x_to=alt.datum[x] + 0.5, y_from=alt.datum[y] - 0.5, y_to=alt.datum[y] + 0.5
+        ).encode(
+            x=alt.X("x_from:Q", title=xlabel, axis=_axis(integer=True), scale=alt.Scale(zero=False, nice=False)),
+            x2="x_to:Q",
+            y=alt.Y("y_from:Q", title=ylabel, axis=_axis(integer=True), scale=alt.Scale(zero=False, nice=False)),
+            y2="y_to:Q",
+        )
+    else:
+        sort = list(y_order) if y_order is not None else "descending"
+        chart = chart.encode(x=alt.X(f"{x}:O", title=xlabel, axis=alt.Axis(labelAngle=0)),
+                             y=alt.Y(f"{y}:O", title=ylabel, sort=sort))
+    chart = chart.mark_rect().encode(
+        color=colour,
+        tooltip=tooltip,
+        stroke=alt.when(hover).then(alt.value("white")).otherwise(alt.value(None)),
+        strokeWidth=alt.value(1.5),
+    ).add_params(hover)
+    if zoom:
+        chart = chart.add_params(alt.selection_interval(bind="scales"))
+    return chart.properties(title=_title(title), height=height, width="container")  # categorical axes too
+
+
+def stairs(
+    hists: pd.DataFrame, colors: Mapping[str, str], *, title: str, xlabel: str, ylabel: str, log_y: bool = True
+) -> alt.LayerChart:
+    """Overlaid histograms, one outline per run, of a frame with ``run``, ``left``, ``right``, ``count`` and
+    ``share`` (:func:`moestab.analysis.dashboard_data.shared_histograms`); empty bins leave a gap on a log axis."""
+    keep = alt.selection_point(fields=["run"], bind="legend")
+    shown = "datum.share > 0 ? datum.share : null" if log_y else "datum.share"
+    base = alt.Chart(hists).transform_calculate(shown=shown)
+    y = alt.Y("shown:Q", title=ylabel, scale=_scale(log_y), axis=_axis(log=log_y))
+    opacity = alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED))
+    outline = base.transform_fold(["left", "right"], as_=["edge", "x"]).mark_line(
+        invalid="break-paths-filter-domains", strokeWidth=1.6
+    ).encode(
+        x=alt.X("x:Q", title=xlabel, axis=_axis()), y=y, color=_colour("run", colors), opacity=opacity,
+        order=[alt.Order("left:Q"), alt.Order("edge:N")],  # each bin's left then right edge: a step outline
+    ).add_params(keep, alt.selection_interval(bind="scales"))
+    tips = base.transform_calculate(middle="(datum.left + datum.right) / 2").mark_circle(size=18).encode(
+        x="middle:Q", y=y, color=_colour("run", colors), opacity=opacity,
+        tooltip=["run", alt.Tooltip("left:Q", format=".4g"), alt.Tooltip("right:Q", format=".4g"), "count:Q",
+                 alt.Tooltip("share:Q", format=".4g")],
+    )
+    return alt.layer(outline, tips).properties(title=_title(title), height=HEIGHT)
+
+
+def grouped_bars(
+    data: pd.DataFrame, group: str, value: str, colors: Mapping[str, str], *, groups: Sequence[str], title: str,
+    ylabel: str,
+) -> alt.Chart:
+    """Bars of ``value``: one cluster per ``group`` (in ``groups`` order), one bar per run (``run`` column)."""
+    keep = alt.selection_point(fields=["run"], bind="legend")
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X(f"{group}:N", sort=list(groups), title=None, axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("run:N", sort=list(colors)),
+        y=alt.Y(f"{value}:Q", title=ylabel, axis=_axis()),
+        color=_colour("run", colors),
+        opacity=alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED)),
+        tooltip=["run", group, alt.Tooltip(f"{value}:Q", format=".4g"), *(["tokens:Q"] if "tokens" in data else [])],
+    ).add_params(keep).properties(title=_title(title), height=HEIGHT)
+
+
+def csv_bytes(data: pd.DataFrame) -> bytes:
+    """``data`` as UTF-8 CSV, without the index (what a chart's download button serves)."""
+    return data.to_csv(index=False).encode("utf-8")
+
+
+def slug(name: str) -> str:
+    """A file name from a chart's accessible name: lower case, runs of other characters as ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:80] or "chart"
+
+
+def show(chart: alt.TopLevelMixin, data: pd.DataFrame, alt_text: str) -> None:
+    """Render ``chart`` filling its container and, under it, a button that downloads ``data`` (the frame the
+    chart draws) as CSV. ``alt_text`` names the chart for screen readers and tests, and the CSV file."""
+    st.altair_chart(chart, width="stretch", alt=alt_text)
+    st.download_button(
+        "CSV",
+        data=csv_bytes(data),
+        file_name=f"{slug(alt_text)}.csv",
+        mime="text/csv",
+        key=f"csv-{hashlib.sha1(alt_text.encode()).hexdigest()[:12]}",  # one per chart on a page
+        on_click="ignore",  # a download needs no rerun
+        icon=":material/download:",
+        type="tertiary",
+        help=f"Download the data of this chart ({len(data)} rows) as CSV",
+    )

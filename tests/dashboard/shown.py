@@ -1,0 +1,98 @@
+"""What an AppTest run of the dashboard shows: its Altair charts (accessible name, Vega-Lite spec, the frame drawn)
+and the CSV files its download buttons serve."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+
+from tests.dashboard.conftest import REPO
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One ``st.altair_chart`` of a page."""
+
+    alt: str
+    spec: dict
+    data: pd.DataFrame
+    """The frame the chart draws (every layer of a dashboard chart draws the same one)."""
+
+
+def charts_on(at) -> list[Chart]:
+    """The Altair charts of the page, in page order."""
+    out = []
+    for element in at.get("vega_lite_chart"):
+        proto = element.proto
+        datasets = list(proto.datasets)
+        assert len(datasets) == 1, f"{proto.alt}: {len(datasets)} datasets"
+        data = pa.ipc.open_stream(datasets[0].data.data).read_pandas()
+        out.append(Chart(proto.alt, json.loads(proto.spec), data))
+    return out
+
+
+def chart_alts(at) -> list[str]:
+    """Accessible names of the charts on the page (every chart is shown with one)."""
+    return [chart.alt for chart in charts_on(at)]
+
+
+def chart_named(at, name: str) -> Chart:
+    """The one chart whose accessible name contains ``name``."""
+    found = [chart for chart in charts_on(at) if name in chart.alt]
+    assert len(found) == 1, (name, [chart.alt for chart in charts_on(at)])
+    return found[0]
+
+
+def csv_name(alt: str) -> str:
+    """The CSV file name the dashboard gives the chart named ``alt``."""
+    sys.path.insert(0, str(REPO / "dashboard"))
+    try:
+        from dashkit.charts import slug
+    finally:
+        sys.path.remove(str(REPO / "dashboard"))
+    return f"{slug(alt)}.csv"
+
+
+def served_csv(served: dict[str, tuple[str | None, bytes]], alt: str) -> pd.DataFrame:
+    """The CSV served for the chart named ``alt`` (``served``: the ``downloads`` fixture), read back."""
+    name = csv_name(alt)
+    files = {data for filename, data in served.values() if filename == name}
+    assert len(files) == 1, (name, sorted(str(f) for f, _ in served.values()))
+    return pd.read_csv(io.BytesIO(files.pop()))
+
+
+def params(spec: dict) -> list[dict]:
+    """Every selection parameter of a Vega-Lite spec and its layers."""
+    return [*spec.get("params", []), *(p for layer in spec.get("layer", []) for p in params(layer))]
+
+
+def marks(spec: dict) -> set[str]:
+    """The mark types of a Vega-Lite spec and its layers."""
+    mark = spec.get("mark")
+    own = {mark["type"] if isinstance(mark, dict) else mark} if mark else set()
+    return own.union(*(marks(layer) for layer in spec.get("layer", [])))
+
+
+def has_tooltip(spec: dict) -> bool:
+    """Whether a mark of the spec (or of one of its layers) shows a tooltip."""
+    return "tooltip" in spec.get("encoding", {}) or any(has_tooltip(layer) for layer in spec.get("layer", []))
+
+
+def assert_interactive_with_csv(at, served: dict[str, tuple[str | None, bytes]]) -> None:
+    """Every chart of the page has tooltips; lines, histograms and bars a legend that keeps runs; lines, histograms
+    and layer x step heatmaps zoom; and the CSV under each chart is the frame it draws."""
+    shown = charts_on(at)
+    assert [b.label for b in at.download_button] == ["CSV"] * len(shown)
+    for chart in shown:
+        binds = [p.get("bind") for p in params(chart.spec)]
+        kind = "heatmap" if "rect" in marks(chart.spec) else "bars" if "bar" in marks(chart.spec) else "lines"
+        assert has_tooltip(chart.spec), chart.alt
+        assert ("legend" in binds) == (kind != "heatmap"), f"{chart.alt}: legend selection, binds {binds}"
+        zooms = kind == "lines" or "by layer and step" in chart.alt  # other heatmaps have categorical axes
+        assert ("scales" in binds) == zooms, f"{chart.alt}: zoom {zooms} expected, binds {binds}"
+        pd.testing.assert_frame_equal(served_csv(served, chart.alt), chart.data, check_dtype=False)
