@@ -60,6 +60,9 @@ def _close(a, b, key: str, tol: dict) -> None:
 # Summation order differs between one and two processes: float32 agrees to ~1e-6 relative, float64 to ~1e-15.
 # (A real error is far larger: AdamW's step count moved by one, a bug this test caught, changed the loss by 3e-3.)
 TOLERANCE = {"float32": {"rel": 1e-4, "abs": 1e-6}, "float64": {"rel": 1e-10, "abs": 1e-13}}
+TABLE_ATOL = {"float32": 1e-5, "float64": 1e-6}
+"""Per-token tables store float32: log-probs of magnitude ~1-10 after an update that differs by float32 rounding
+(another thread count, another summation order) differ by up to ~2e-6 (seen: 1.9e-6 in log_w)."""
 CASES = {
     # objective, replay, minibatches, what it covers
     "gspo-r3-float64": ("gspo", "rollout", 4, {"dtype": "float64"}),  # sequence ratio, rollout routes replayed
@@ -76,7 +79,8 @@ def test_two_processes_match_one_on_the_same_data(case, tmp_path, cache_dir):
     algo, replay, minibatches, extra = CASES[case]
     settings = {"algo": algo, "routing_replay": replay, "minibatches": minibatches, "steps": 2, "lr": 1e-3,
                 "max_zero_advantage_steps": 0, **extra}
-    tol = TOLERANCE[extra.get("dtype", "float32")]
+    dtype = extra.get("dtype", "float32")
+    tol = TOLERANCE[dtype]
     one = tiny_config(tmp_path / "one", cache_dir, **settings)
     two = tiny_config(tmp_path / "two", cache_dir, nproc=2, **settings)
     train(one, rollout_engine=PerPromptEngine, log=lambda _: None)
@@ -102,7 +106,7 @@ def test_two_processes_match_one_on_the_same_data(case, tmp_path, cache_dir):
         w2 = load_file(Path(two.out) / schema.checkpoint_dir(step) / "model.safetensors")
         assert w1.keys() == w2.keys()
         for name in w1:
-            if extra.get("dtype") == "float64":
+            if dtype == "float64":
                 torch.testing.assert_close(w2[name], w1[name], rtol=tol["rel"], atol=tol["abs"], msg=name)
             else:
                 assert (w2[name] - w1[name]).norm() <= 1e-2 * (w1[name] - w0[name]).norm() + 1e-7, name
@@ -113,7 +117,7 @@ def test_two_processes_match_one_on_the_same_data(case, tmp_path, cache_dir):
     assert t1[keys].equals(t2[keys])
     for column in t1.columns.difference(keys):
         np.testing.assert_allclose(t2[column].to_numpy(float), t1[column].to_numpy(float), rtol=tol["rel"],
-                                   atol=max(tol["abs"], 1e-6), err_msg=column)  # the tables store float32
+                                   atol=TABLE_ATOL[dtype], err_msg=column)
     top_k = info.model.top_k
     for step in (1, 2):
         for column in (schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_NEW):
