@@ -58,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
             torch.set_num_threads(config.threads)
         result = train(config)
     except (ConfigError, TrainingError, TaskError, RoutingError) as exc:
-        if world_from_env().rank:  # every process raises a refusal; rank 0 says it
+        rank = world_from_env().rank
+        if rank and getattr(exc, "said_by_rank_0", False):  # rank 0's refusal, raised on every rank: said once
             return 2
-        print(f"moestab train: error: {exc}", file=sys.stderr)
+        print(f"moestab train{f' (rank {rank})' if rank else ''}: error: {exc}", file=sys.stderr)
         cause = exc.__cause__
         if isinstance(exc, TrainingError) and cause is not None and not isinstance(cause, OSError | RunError):
             print("moestab train: the error was raised here:", file=sys.stderr)

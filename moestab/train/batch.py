@@ -44,6 +44,12 @@ class RolloutBatch:
         """``[B, L, V]`` trainer logits -> ``[B, T, V]`` logits of the response positions."""
         return logits[:, self.prompt_len - 1 :]
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """This batch with every tensor on ``device``."""
+        return replace(self, input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
+                       targets=self.targets.to(device), response_mask=self.response_mask.to(device),
+                       logp_rollout=self.logp_rollout.to(device), routes=self.routes.to(device))
+
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The sequences ``rows`` (e.g. a minibatch)."""
         return RolloutBatch(

@@ -102,8 +102,9 @@ def _collective(fn, *args, **kwargs) -> None:
     try:
         fn(*args, **kwargs)
     except (RuntimeError, dist.DistBackendError) as exc:  # gloo/NCCL: a peer closed its connection or timed out
-        raise RankFailureError(f"rank {dist.get_rank()}: a {fn.__name__} with the other ranks failed, most likely "
-                               f"because another rank died (its error is printed above): {exc}") from exc
+        raise RankFailureError(f"rank {dist.get_rank()}: a {fn.__name__} with the other ranks failed; another rank "
+                               f"probably stopped (its error, or torchrun's report of it, is printed above): "
+                               f"{exc}") from exc
 
 
 def world_from_env() -> World:
@@ -115,12 +116,17 @@ def world_from_env() -> World:
 
 @contextmanager
 def process_group(world: World, device: torch.device) -> Iterator[None]:
-    """The default process group for ``world`` (NCCL on CUDA, gloo on CPU), destroyed on exit; nothing in one
-    process."""
+    """The default process group for ``world``, destroyed on exit; nothing in one process. On CUDA each process
+    takes GPU ``local_rank`` and the group runs NCCL for GPU tensors and gloo for the CPU ones (the small
+    reductions and object exchanges of :class:`World` run on the CPU); on a CPU, gloo."""
     if not world.distributed or dist.is_initialized():
         yield
         return
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the group: NCCL and FSDP use the current device
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=TIMEOUT, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=TIMEOUT)
     try:
         yield
     finally:
@@ -133,16 +139,18 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard_policy(model: PreTrainedModel) -> PreTrainedModel:
-    """Shard ``model`` with FSDP2 across the default group: each decoder layer (the classes the model declares
-    unsplittable) is one unit, the rest (embeddings, final norm, LM head) the root's."""
+def shard_policy(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """Shard ``model`` with FSDP2 across every process, its shards on ``device``'s type: each decoder layer (the
+    classes the model declares unsplittable) is one unit, the rest (embeddings, final norm, LM head) the root's."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # default: the accelerator even for --device cpu
     units = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in units:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 

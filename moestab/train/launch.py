@@ -6,10 +6,12 @@ starts; the processes then get the resolved config as a YAML file, so they run e
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -22,36 +24,63 @@ from moestab.train.config import TrainConfig
 from moestab.train.loop import prepare_run_folder
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
+SHUTDOWN_TIMEOUT_S = 3600
+"""How long torchrun waits, after forwarding Ctrl-C / SIGTERM, for the processes to finish their step and save
+(its default, 30 s, kills them mid-step on any real model)."""
 
 
 def torchrun_command(config_file: Path, nproc: int) -> list[str]:
     """The command that starts ``nproc`` processes of ``moestab train --config config_file`` on this machine."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "moestab", "train", "--config", str(config_file)]
+            f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", "-m", "moestab", "train", "--config", str(config_file)]
+
+
+def worker_environment(config: TrainConfig) -> dict[str, str]:
+    """The processes' environment: torch's CPU threads shared out between them (torchrun would set 1 each)."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(config.threads or max(1, (os.cpu_count() or 1) // config.nproc))
+    return env
 
 
 def launch(config: TrainConfig) -> int:
-    """Run ``config`` in ``config.nproc`` processes; returns 0 when the run finished or was interrupted (and saved),
-    else torchrun's exit status.
+    """Run ``config`` in ``config.nproc`` processes; returns torchrun's exit status, or 0 when a forwarded Ctrl-C /
+    SIGTERM stopped the run cleanly (torchrun exits non-zero after forwarding a signal, even when rank 0 saved).
 
     Ctrl-C and SIGTERM reach the processes once, through torchrun (its own session, so a terminal's Ctrl-C is not
     delivered twice): each finishes its step, rank 0 saves and marks the run ``interrupted``. When a process dies,
     torchrun stops the others and names the rank that failed first; rank 0 records the failure in run.json when it
     can.
     """
-    prepare_run_folder(config, log=lambda _: None)  # raises before any process starts
+    prepare_run_folder(config, log=print)  # raises before any process starts
+    signalled: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        signalled.append(signum)
+        child.send_signal(signum)
+
     with tempfile.TemporaryDirectory(prefix="moestab-launch-") as tmp:
         config_file = Path(tmp) / "config.yaml"
         config_file.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-        child = subprocess.Popen(torchrun_command(config_file, config.nproc), start_new_session=True)
-        previous = {sig: signal.signal(sig, lambda signum, _: child.send_signal(signum)) for sig in FORWARDED}
+        started = time.time()
+        child = subprocess.Popen(torchrun_command(config_file, config.nproc), start_new_session=True,
+                                 env=worker_environment(config))
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
         try:
             code = child.wait()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    try:  # torchrun exits non-zero after forwarding a signal, even when the run was saved
-        stopped_cleanly = read_run_info(config.run_dir).status in (schema.STATUS_FINISHED, schema.STATUS_INTERRUPTED)
-    except RunError:
-        stopped_cleanly = False
-    return 0 if stopped_cleanly else code or 1
+    if code and signalled and _stopped_cleanly_since(Path(config.run_dir), started):
+        return 0
+    return code
+
+
+def _stopped_cleanly_since(run_dir: Path, started: float) -> bool:
+    """Whether this launch's run left run.json ``interrupted`` or ``finished`` (a run.json from before is not)."""
+    path = run_dir / schema.RUN_JSON
+    try:
+        return path.stat().st_mtime >= started and read_run_info(run_dir).status in (
+            schema.STATUS_FINISHED, schema.STATUS_INTERRUPTED)
+    except (OSError, RunError):
+        return False

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from moestab.configs import ConfigError, config_to_dict
 from moestab.models import is_embedded, parse_model_spec
 from moestab.records import schema
-from moestab.records.run_info import ModelInfo
+from moestab.records.run_info import ModelInfo, read_run_info
 from moestab.records.writer import RunWriter, remove_temporaries
 from moestab.routing import find_routers
 from moestab.tasks import Task, task_from_spec
@@ -56,7 +56,7 @@ from moestab.train.step import (
     step_seed,
 )
 from moestab.train.token_table import token_table
-from moestab.train.trackers import open_trackers
+from moestab.train.trackers import TrackedRun, open_trackers, run_id
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -144,15 +144,23 @@ def _environment(world: World) -> dict:
 
 def _on_main(world: World, fn: Callable[[], T]) -> T:
     """``fn()`` run by rank 0 (it owns the run folder and the warm-start cache) and its result given to every
-    rank; a refusal there is raised on every rank, so none goes on alone."""
-    result, error = None, None
+    rank. A refusal there is raised on every rank (marked ``said_by_rank_0``: only rank 0 prints it); any other
+    error stops the other ranks with a :class:`TrainingError` naming it, so none goes on alone."""
+    result, error, failure = None, None, None
     if world.is_main:
         try:
             result = fn()
         except (ConfigError, TrainingError) as exc:
             error = exc
-    result, error = world.broadcast((result, error))
+        except Exception as exc:
+            failure = exc
+    result, error, message = world.broadcast((result, error, None if failure is None else repr(failure)))
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise TrainingError(f"rank 0 failed before training: {message}")
     if error is not None:
+        error.said_by_rank_0 = True
         raise error
     return result
 
@@ -243,9 +251,9 @@ def _train(
                                   f"{site.adapter.family}: {site.adapter.training_replay}; use --routing-replay off")
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
     if world.distributed:  # every router was checked above, on the whole model
-        shard_policy(model)
+        shard_policy(model, device)
         if ref_model is not None:
-            shard_policy(ref_model)
+            shard_policy(ref_model, device)
     optimizer = build_optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     loop_state: dict = {}
     if start_step:
@@ -292,8 +300,9 @@ def _train(
     zero_steps = 0  # consecutive steps whose every advantage was 0
     with GracefulInterrupt() as interrupt, (writer.beating() if main else nullcontext()), ExitStack() as trackers:
         try:
-            report = trackers.enter_context(open_trackers(config.report_to if main else (), run_dir,
-                                                          config_to_dict(config)))
+            tracked = TrackedRun(run_dir, config_to_dict(config), start_step=start_step,
+                                 run_id=run_id(read_run_info(run_dir).created, run_dir) if main else "")
+            report = trackers.enter_context(open_trackers(config.report_to if main else (), tracked))
             if not config.resume:
                 start_accuracy = evaluate()
                 if main:

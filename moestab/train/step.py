@@ -386,7 +386,8 @@ def _summary_metrics(t: StepTensors) -> dict[str, float]:
 
 
 SUMMED_SAMPLING = ("sampling/groups_drawn", "sampling/groups_dropped", "sampling/groups_filled")
-"""Dynamic-sampling counts that add up over ranks (the others, means of equal shares, are averaged)."""
+"""Dynamic-sampling counts that add up over ranks. ``sampling/extra_rollouts`` is the most any rank drew (each
+rank fills its own share); the reward shaping means, over equal shares, are averaged."""
 
 
 def _merge_ranks(
@@ -395,7 +396,10 @@ def _merge_ranks(
 ) -> tuple[StepTensors | None, list[dict[str, torch.Tensor]], dict[str, float]]:
     """Every rank's tensors merged on rank 0 into the whole step's, with each minibatch's loss diagnostics
     re-evaluated over all its rows (the ranks' own are over their rows only); ``None`` elsewhere."""
-    parts = world.gather((tensors, up.loss_inputs, sampling))
+    def cpu(inputs: dict | None) -> dict | None:  # a CUDA tensor would unpickle onto its sender's GPU
+        return None if inputs is None else {k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+    parts = world.gather((tensors.to("cpu"), [cpu(inputs) for inputs in up.loss_inputs], sampling))
     if parts is None:
         return None, [], {}
     merged = cat_step_tensors([p[0] for p in parts], engine.tokenizer.pad_token_id)
@@ -407,7 +411,8 @@ def _merge_ranks(
         if aux is not None:
             metrics["objective/router_aux_loss"] = torch.tensor(aux)
         per_minibatch.append(metrics)
-    combined = {key: (sum if key in SUMMED_SAMPLING else _mean)([p[2][key] for p in parts]) for key in parts[0][2]}
+    combine = {**dict.fromkeys(SUMMED_SAMPLING, sum), "sampling/extra_rollouts": max}
+    combined = {key: combine.get(key, _mean)([p[2][key] for p in parts]) for key in parts[0][2]}
     return merged, per_minibatch, combined
 
 

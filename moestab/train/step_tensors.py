@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -37,6 +37,14 @@ class StepTensors:
     routes_update: torch.Tensor  # [B, L, layers, k] routes that produced logp_update
     routes_new: Routes  # free routes after all updates
     entropy: torch.Tensor | None = None  # [B, T] pi_old's token entropy (free routing)
+
+    def to(self, device: torch.device | str) -> StepTensors:
+        """These tensors on ``device`` (e.g. the CPU, before they are sent to another process)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor | Routes | RolloutBatch):
+                moved[name] = value.to(device)
+        return StepTensors(**moved)
 
     @property
     def log_w(self) -> torch.Tensor:

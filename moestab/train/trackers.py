@@ -8,10 +8,12 @@ and W&B write under the run folder (``tensorboard/``, ``wandb/``); trackio into 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,11 +45,26 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class TrackedRun:
+    """What a tracker needs to know of the run it logs."""
+
+    run_dir: Path
+    config: dict
+    run_id: str
+    """Stable over --resume (derived from run.json's ``created``): W&B and trackio continue the same run."""
+    start_step: int
+    """The last step already logged (0 for a new run): a resumed run's later steps replace what was logged
+    after it."""
+
+
 class _TensorBoard:
-    def __init__(self, run_dir: Path, name: str, config: dict) -> None:
+    def __init__(self, run: TrackedRun) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / schema.TENSORBOARD_DIR))
+        # purge_step: events of steps after the checkpoint resumed from (logged, then lost to a crash) are dropped
+        self.writer = SummaryWriter(log_dir=str(run.run_dir / schema.TENSORBOARD_DIR),
+                                    purge_step=run.start_step + 1 if run.start_step else None)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -59,11 +76,12 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, run_dir: Path, name: str, config: dict) -> None:
+    def __init__(self, run: TrackedRun) -> None:
         import wandb
 
         # Mode, project and entity come from the usual W&B environment (WANDB_MODE=offline, WANDB_PROJECT, ...).
-        self.run = wandb.init(project="moestab", name=name, config=config, dir=str(run_dir), reinit="create_new")
+        self.run = wandb.init(project="moestab", name=run.run_dir.name, id=run.run_id, resume="allow",
+                              config=run.config, dir=str(run.run_dir), reinit="create_new")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -73,11 +91,11 @@ class _WandB:
 
 
 class _Trackio:
-    def __init__(self, run_dir: Path, name: str, config: dict) -> None:
+    def __init__(self, run: TrackedRun) -> None:
         import trackio
 
-        self.trackio = trackio
-        self.run = trackio.init(project="moestab", name=name, config=config, embed=False)
+        self.run = trackio.init(project="moestab", name=f"{run.run_dir.name}-{run.run_id}", config=run.config,
+                                resume="allow", embed=False)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -86,12 +104,12 @@ class _Trackio:
         self.run.finish()
 
 
-TRACKERS: dict[str, tuple[str, Callable[[Path, str, dict], Tracker]]] = {
+TRACKERS: dict[str, tuple[str, Callable[[TrackedRun], Tracker]]] = {
     "tensorboard": ("tensorboard", _TensorBoard),
     "wandb": ("wandb", _WandB),
     "trackio": ("trackio", _Trackio),
 }
-"""``--report-to`` name -> (the package it needs, its constructor ``(run_dir, run name, config)``)."""
+"""``--report-to`` name -> (the package it needs, its constructor)."""
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
@@ -105,13 +123,18 @@ def check_trackers(names: tuple[str, ...]) -> None:
                               f"pip install 'moestab[{name}]' (or drop {name} from --report-to)")
 
 
+def run_id(created: str, run_dir: Path) -> str:
+    """A tracker run id for the run created at ``created`` (run.json) in ``run_dir``: the same on every resume."""
+    return hashlib.sha1(f"{created}|{run_dir.resolve().name}".encode()).hexdigest()[:16]
+
+
 @contextmanager
-def open_trackers(names: tuple[str, ...], run_dir: Path, config: dict) -> Iterator[Callable[[dict, int], None]]:
-    """The trackers ``names`` for the run in ``run_dir``, as one ``log(metrics_row, step)``; closed on exit."""
+def open_trackers(names: tuple[str, ...], run: TrackedRun) -> Iterator[Callable[[dict, int], None]]:
+    """The trackers ``names`` for ``run``, as one ``log(metrics_row, step)``; closed on exit."""
     opened: list[Tracker] = []
     try:
         for name in names:
-            opened.append(TRACKERS[name][1](run_dir, run_dir.name, config))
+            opened.append(TRACKERS[name][1](run))
 
         def log(metrics: dict, step: int) -> None:
             flat = scalars(metrics)

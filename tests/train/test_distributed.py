@@ -11,8 +11,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +170,46 @@ def test_cli_launches_the_processes_and_refuses_bad_counts_before_writing(tmp_pa
     assert main(["train", "--nproc", "2", *flags]) == 0
     info = read_run_info(out)
     assert (info.status, info.config["nproc"], info.environment["world_size"]) == (schema.STATUS_FINISHED, 2, 2)
+    # The processes fail (no such model) after the launcher's checks: a failure, though the old run.json says
+    # "finished", and --overwrite deleted nothing.
+    assert main(["train", "--nproc", "2", *flags, "--overwrite", "--model", str(tmp_path / "no-model")]) != 0
+    assert read_run_info(out).updated == info.updated
+
+
+def _cli(tmp_path, cache_dir, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "moestab", "train", "--nproc", "2", "--prompts-per-step", "4", "--group-size", "4",
+            "--minibatches", "2", "--eval-size", "8", "--warm-start-max-steps", "0", "--cache-dir", str(cache_dir),
+            "--no-progress", "--out", str(tmp_path / "run"), *flags]
+
+
+@pytest.mark.slow
+def test_an_error_on_one_rank_is_printed_by_that_rank(tmp_path, cache_dir):
+    task = "arithmetic:reward=tests/train/rewards.py:fails_on_rank_1"
+    done = subprocess.run(_cli(tmp_path, cache_dir, "--steps", "2", "--task", task), capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    assert re.search(r"moestab train \(rank 1\): error: .*this reward fails on rank 1 only", done.stderr), \
+        done.stderr[-3000:]
+    assert read_run_info(tmp_path / "run").status == schema.STATUS_FAILED
+
+
+@pytest.mark.slow
+def test_sigterm_lets_every_process_finish_its_step_and_save(tmp_path, cache_dir):
+    task = "arithmetic:reward=tests/train/rewards.py:length_parity"
+    command = _cli(tmp_path, cache_dir, "--steps", "500", "--task", task, "--max-zero-advantage-steps", "0")
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = tmp_path / "run" / schema.METRICS_JSONL
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=240)
+    assert launcher.returncode == 0, err[-3000:]
+    info = read_run_info(tmp_path / "run")
+    assert info.status == schema.STATUS_INTERRUPTED and 2 <= info.last_step < 500
+    assert (tmp_path / "run" / schema.checkpoint_dir(info.last_step)).is_dir()  # the last step was saved
+    assert f"run interrupted at step {info.last_step} (2 processes)" in out
 
 
 def test_library_train_refuses_a_process_count_it_was_not_launched_with(tmp_path, cache_dir):

@@ -15,7 +15,7 @@ import pytest
 from moestab.configs import ConfigError
 from moestab.records import schema
 from moestab.train import trackers
-from moestab.train.trackers import check_trackers, scalars
+from moestab.train.trackers import TrackedRun, check_trackers, open_trackers, run_id, scalars
 
 from .helpers import TASK, tiny_config
 
@@ -82,3 +82,22 @@ def test_every_tracker_gets_every_step_under_the_metrics_keys(tmp_path, cache_di
     for values in expected:
         assert all(key.encode() in data for key in values)
         assert json.dumps(values["loss"]).encode() in data and json.dumps(values["grad_norm"]).encode() in data
+
+
+def test_a_resumed_run_replaces_the_tensorboard_steps_logged_after_its_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard", reason="optional extra moestab[tensorboard]")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def run(start_step: int) -> TrackedRun:
+        return TrackedRun(tmp_path, {}, run_id=run_id("2026-11-23T10:00:00", tmp_path), start_step=start_step)
+
+    with open_trackers(("tensorboard",), run(0)) as log:
+        for step in (1, 2, 3):  # step 3 was logged, then the process died before step 3's checkpoint
+            log({"loss": float(step)}, step)
+    with open_trackers(("tensorboard",), run(2)) as log:  # --resume from step 2's checkpoint
+        log({"loss": 30.0}, 3)
+    events = EventAccumulator(str(tmp_path / schema.TENSORBOARD_DIR))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    # W&B and trackio continue the same run on resume: the id depends only on the run's creation and folder.
+    assert run(0).run_id == run(2).run_id != run_id("2026-11-23T10:00:01", tmp_path)
