@@ -123,16 +123,25 @@ class _Sampled:
     metrics: dict[str, float]  # shaping and dynamic-sampling counts
 
 
+_Part = tuple[RolloutBatch, list[Example], torch.Tensor, torch.Tensor, torch.Tensor]
+"""Groups of one rollout round: their batch rows, prompts, task rewards ``[b]``, penalties ``[b]``, correctness
+``[b]``."""
+
+
 def _sample(
     engine: RolloutEngine, task: Task, examples: list[Example], s: StepSettings,
-    draw_more: Callable[[int], list[Example]] | None,
+    draw_more: Callable[[int], list[Example]] | None, world: World = SINGLE,
 ) -> _Sampled:
     """The rollout and its rewards; with dynamic sampling (DAPO), groups whose rewards are all equal (no
     signal: every advantage 0) are dropped and more prompts are drawn, up to ``s.dynamic_sampling_rounds``
-    extra rollouts. If the budget runs out, dropped groups fill the batch, so its size stays fixed."""
+    extra rollouts. If the budget runs out, dropped groups fill the batch, so its size stays fixed.
+
+    Over several processes each samples its share of every round (``examples``, ``draw_more``), and the
+    decisions are the whole step's: rounds go on until the groups with signal of *all* processes fill the
+    batch, the groups are taken in one process's order, and each process keeps its block of them."""
     G, needed = s.group_size, len(examples)
-    kept: list[tuple[RolloutBatch, list[Example], torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    spare: list[tuple[RolloutBatch, list[Example], torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    kept: list[tuple[int, _Part]] = []  # (round, groups with signal)
+    spare: list[tuple[int, _Part]] = []  # (round, dropped groups)
     drawn = dropped = rounds = 0
     round_examples = examples
     while True:
@@ -141,7 +150,7 @@ def _sample(
         task_rewards, penalty, correct = _rewards(task, round_examples, batch, s)
         drawn += len(round_examples)
         if not s.dynamic_sampling:
-            kept.append((batch, round_examples, task_rewards, penalty, correct))
+            kept.append((rounds, (batch, round_examples, task_rewards, penalty, correct)))
             break
         groups = (task_rewards + penalty).view(-1, G)  # [groups, G]
         signal = groups.max(dim=1).values != groups.min(dim=1).values  # [groups]
@@ -150,20 +159,25 @@ def _sample(
             ids = torch.nonzero(signal == flag).flatten().tolist()
             if ids:
                 rows = torch.tensor([g * G + j for g in ids for j in range(G)])
-                bucket.append((batch.select(rows), [round_examples[g] for g in ids], task_rewards[rows],
-                               penalty[rows], correct[rows]))
-        have = sum(len(part[1]) for part in kept)
-        if have >= needed or draw_more is None or rounds >= s.dynamic_sampling_rounds:
+                bucket.append((rounds, (batch.select(rows), [round_examples[g] for g in ids], task_rewards[rows],
+                                        penalty[rows], correct[rows])))
+        have = world.sum(sum(len(part[1]) for _, part in kept))  # every process's groups with signal
+        if have >= needed * world.size or draw_more is None or rounds >= s.dynamic_sampling_rounds:
             break
         rounds += 1
         round_examples = draw_more(rounds)
-    parts = [*kept, *spare]  # groups with signal first; dropped ones only to fill the batch
-    take, out = needed, []
-    for batch, exs, task_rewards, penalty, correct in parts:
-        n = min(take, len(exs))
-        if n:
-            rows = torch.arange(n * G)
-            out.append((batch.select(rows), exs[:n], task_rewards[rows], penalty[rows], correct[rows]))
+    if world.distributed and s.dynamic_sampling:
+        parts, first = _whole_step_parts(world, kept, spare), world.rank * needed
+    else:
+        parts, first = [part for _, part in (*kept, *spare)], 0  # groups with signal first; dropped ones to fill
+    skip, take, out = first, needed, []
+    for batch, exs, task_rewards, penalty, correct in parts:  # the groups first .. first + needed, in order
+        start = min(skip, len(exs))
+        n = min(take, len(exs) - start)
+        skip -= start
+        if n > 0:
+            rows = torch.arange(start * G, (start + n) * G)
+            out.append((batch.select(rows), exs[start : start + n], task_rewards[rows], penalty[rows], correct[rows]))
             take -= n
     batch = cat_batches([p[0] for p in out], engine.tokenizer.pad_token_id)
     examples = [ex for p in out for ex in p[1]]
@@ -173,11 +187,27 @@ def _sample(
         metrics = {"reward/task_mean": task_rewards.mean().item(),
                    "reward/overlong_penalty_mean": penalty.mean().item(),
                    "reward/overlong_frac": (penalty < 0).float().mean().item()}
-    if s.dynamic_sampling:
-        filled = max(0, needed - sum(len(part[1]) for part in kept))
-        metrics.update({"sampling/groups_drawn": drawn, "sampling/groups_dropped": dropped,
-                        "sampling/extra_rollouts": rounds, "sampling/groups_filled": filled})
+    if s.dynamic_sampling:  # the whole step's counts, on every process
+        with_signal = world.sum(sum(len(part[1]) for _, part in kept))
+        filled = max(0, needed * world.size - int(with_signal))
+        metrics.update({"sampling/groups_drawn": int(world.sum(drawn)), "sampling/groups_dropped":
+                        int(world.sum(dropped)), "sampling/extra_rollouts": rounds, "sampling/groups_filled": filled})
     return _Sampled(batch, examples, task_rewards + penalty, correct, metrics)
+
+
+def _whole_step_parts(world: World, kept: list[tuple[int, _Part]], spare: list[tuple[int, _Part]]) -> list[_Part]:
+    """Every process's rounds in one process's order: groups with signal by round, then by process (a round's
+    prompts are split in contiguous blocks), then the dropped ones likewise; on the CPU, for every process."""
+    def cpu(part: _Part) -> _Part:
+        batch, exs, *tensors = part
+        return (batch.to("cpu"), exs, *(t.cpu() for t in tensors))
+
+    everyone = world.all_gather(([(r, cpu(p)) for r, p in kept], [(r, cpu(p)) for r, p in spare]))
+    ordered = []
+    for bucket in (0, 1):
+        tagged = [(r, rank, part) for rank, buckets in enumerate(everyone) for r, part in buckets[bucket]]
+        ordered += [part for _, _, part in sorted(tagged, key=lambda t: (t[0], t[1]))]
+    return ordered
 
 
 @torch.no_grad()
@@ -332,7 +362,7 @@ def run_step(
     chunks = minibatch_rows(global_size, s.minibatches, generator)  # checked before the rollout
     chunks = local_chunks(chunks, world, global_size)
     engine.sync_weights()  # once per step on every rank (a collective when the policy is sharded)
-    sampled = _sample(engine, task, examples, s, draw_more)
+    sampled = _sample(engine, task, examples, s, draw_more, world)
     batch, examples, rewards, correct = sampled.batch, sampled.examples, sampled.rewards, sampled.correct
     advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
     t_rollout = time.perf_counter() - t0
@@ -385,9 +415,7 @@ def _summary_metrics(t: StepTensors) -> dict[str, float]:
     }
 
 
-SUMMED_SAMPLING = ("sampling/groups_drawn", "sampling/groups_dropped", "sampling/groups_filled")
-"""Dynamic-sampling counts that add up over ranks. ``sampling/extra_rollouts`` is the most any rank drew (each
-rank fills its own share); the reward shaping means, over equal shares, are averaged."""
+
 
 
 def _merge_ranks(
@@ -411,8 +439,9 @@ def _merge_ranks(
         if aux is not None:
             metrics["objective/router_aux_loss"] = torch.tensor(aux)
         per_minibatch.append(metrics)
-    combine = {**dict.fromkeys(SUMMED_SAMPLING, sum), "sampling/extra_rollouts": max}
-    combined = {key: combine.get(key, _mean)([p[2][key] for p in parts]) for key in parts[0][2]}
+    # Dynamic sampling's counts are the whole step's on every rank; shaping means over equal shares are averaged.
+    combined = {key: parts[0][2][key] if key.startswith("sampling/") else _mean([p[2][key] for p in parts])
+                for key in parts[0][2]}
     return merged, per_minibatch, combined
 
 

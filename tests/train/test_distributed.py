@@ -70,6 +70,10 @@ CASES = {
     "gspo-r3-float64": ("gspo", "rollout", 4, {"dtype": "float64"}),  # sequence ratio, rollout routes replayed
     "grpo-r2": ("grpo", "old", 4, {}),  # token ratio, seq-mean-token-mean, old-policy routes replayed
     "dapo": ("dapo", "off", 4, {"dynamic_sampling": False}),  # token-mean: each rank's share is its token count
+    # DAPO's dynamic sampling: groups without signal (prompts starting 0-4) dropped, more drawn, the whole step's
+    # groups kept in one process's order and handed out in blocks
+    "dapo-dynamic-sampling": ("dapo", "off", 4, {"task": "arithmetic:reward=tests/train/rewards.py:"
+                                                         "low_first_digit_is_free"}),
     "dr-grpo": ("dr-grpo", "off", 4, {}),  # Dr. GRPO's constant over the global minibatch
     "one-row-minibatches": ("gspo", "off", 16, {}),  # every minibatch lies on one rank: the other runs a stand-in
 }
@@ -95,6 +99,8 @@ def test_two_processes_match_one_on_the_same_data(case, tmp_path, cache_dir):
     m1, m2 = load_metrics(one.out), load_metrics(two.out)
     assert len(m1) == len(m2) == 2
     assert m1["advantage/nonzero_frac"].gt(0).all()  # a step that learns nothing would prove little
+    if "sampling/groups_dropped" in m1:
+        assert m1["sampling/groups_dropped"].gt(0).all() and m1["sampling/extra_rollouts"].gt(0).any()
     for key in m1.columns:
         if key not in TIMES:
             for a, b in zip(m1[key].tolist(), m2[key].tolist(), strict=True):
