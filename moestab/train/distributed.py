@@ -16,6 +16,7 @@ processes (gloo on CPU, NCCL on GPU). What is split and what is exact:
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -167,8 +168,6 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def unsharded_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     """A plain (unsharded) copy of ``model`` in ``dtype``, in eval mode: the rollout engine's own weights."""
     if not is_sharded(model):
-        import copy
-
         return copy.deepcopy(model).to(dtype).eval()
     weights = full_state_dict(model)
     device = next(iter(weights.values())).device

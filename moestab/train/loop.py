@@ -55,7 +55,7 @@ from moestab.train.step import (
     step_examples,
     step_seed,
 )
-from moestab.train.token_table import token_table
+from moestab.train.token_table import record_rows, token_table
 from moestab.train.trackers import TrackedRun, open_trackers, run_id
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
@@ -339,7 +339,7 @@ def _train(
                     solved = world.broadcast((tensors.examples, tensors.correct) if main else None)
                     history.record(*solved, config.group_size)
                 if main:
-                    rows = _record_rows(tensors.batch.batch_size, config.record_fraction, seed)
+                    rows = record_rows(tensors.batch.batch_size, config.record_fraction, seed + 1)
                     writer.write_tokens(step, token_table(step, tensors, rows=rows, layer_slots=record_slots))
                 if step % config.eval_every == 0 or step == config.steps:
                     metrics["eval/accuracy"] = evaluate()
@@ -457,13 +457,6 @@ def _record_stop(writer: RunWriter, run_dir: Path, exc: BaseException, step: int
 def _loop_state(history: SolvedPrompts | None) -> dict:
     """What the loop carries across steps, saved with each checkpoint for --resume."""
     return history.state() if history is not None else {}
-
-
-def _record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
-    if fraction >= 1.0:
-        return torch.arange(batch_size)
-    keep = max(1, round(fraction * batch_size))
-    return torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed + 1))[:keep].sort().values
 
 
 class _Progress:

@@ -38,7 +38,7 @@ from moestab.train.batch import RolloutBatch, cat_batches
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
 from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
-from moestab.train.step_metrics import step_metrics
+from moestab.train.step_metrics import response_metrics, step_metrics
 from moestab.train.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 
 
@@ -389,7 +389,8 @@ def run_step(
         "time/step_s": time.perf_counter() - t0,
         "time/rollout_s": t_rollout,
         "time/update_s": t_update,
-        **_summary_metrics(tensors),
+        **_reward_metrics(tensors),
+        **response_metrics(tensors),
         **sampling,
         "minibatches": len(chunks),
         "loss": sum(up.losses) / len(up.losses),
@@ -400,18 +401,12 @@ def run_step(
     return world.broadcast(metrics), tensors
 
 
-def _summary_metrics(t: StepTensors) -> dict[str, float]:
-    """Reward, accuracy, response length, advantage and entropy aggregates of the step."""
-    mask = t.batch.response_mask
-    rewards = t.rewards
+def _reward_metrics(t: StepTensors) -> dict[str, float]:
+    """Reward and accuracy of the step's sequences."""
     return {
-        "reward/mean": rewards.mean().item(),
-        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "reward/mean": t.rewards.mean().item(),
+        "reward/std": t.rewards.std().item() if len(t.rewards) > 1 else 0.0,
         "accuracy": t.correct.float().mean().item(),
-        "response/length_mean": mask.sum(-1).float().mean().item(),
-        "response/length_max": int(mask.sum(-1).max()),
-        "advantage/nonzero_frac": (t.advantages != 0).float().mean().item(),
-        "entropy": rl.masked_mean(t.entropy, mask).item(),
     }
 
 

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 
+from moestab import rl
 from moestab.metrics.experts import expert_counts, load_stats
 from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
@@ -50,6 +51,20 @@ def _route_metrics(pair: str, inter: np.ndarray, top_k: int) -> dict[str, object
         f"routing/{pair}/token_flip": float(rates["token_flip"][0]),
         f"routing/{pair}/changed_by_layer": rates["changed_by_layer"][0].tolist(),
     }
+
+
+def response_metrics(t: StepTensors) -> dict[str, float]:
+    """Response length, share of non-zero advantages and pi_old's mean token entropy (when recorded) of a step."""
+    mask = t.batch.response_mask  # [B, T]
+    lengths = mask.sum(-1)  # [B]
+    out = {
+        "response/length_mean": lengths.float().mean().item(),
+        "response/length_max": int(lengths.max()),
+        "advantage/nonzero_frac": (t.advantages != 0).float().mean().item(),
+    }
+    if t.entropy is not None:
+        out["entropy"] = rl.masked_mean(t.entropy, mask).item()
+    return out
 
 
 def step_metrics(t: StepTensors, per_minibatch: list[dict[str, torch.Tensor]], *, replay: str) -> dict[str, object]:

@@ -10,6 +10,15 @@ from moestab.records import schema
 from moestab.train.step_tensors import StepTensors
 
 
+def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
+    """``[n]`` sorted rows of a step written to its per-token table: all of them at ``fraction`` 1, else a random
+    ``fraction`` drawn with ``seed``."""
+    if fraction >= 1.0:
+        return torch.arange(batch_size)
+    keep = max(1, round(fraction * batch_size))
+    return torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed))[:keep].sort().values
+
+
 def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
 

@@ -143,14 +143,6 @@ def last_pass(steps: Sequence[LossStep], layout: CycleLayout) -> list[tuple[int,
 
 
 @dataclass(frozen=True)
-class AssembledStep:
-    """A cycle as moestab sees a step: its tensors and the pi_old entropy (for the ``entropy`` metric)."""
-
-    tensors: StepTensors
-    entropy_old: torch.Tensor  # [N, C]
-
-
-@dataclass(frozen=True)
 class _Policy:
     """One policy's forwards over the generation batch, in generation order."""
 
@@ -201,7 +193,7 @@ def assemble(
     clip: ClipRule,
     group_size: int,
     decode: Callable[[torch.Tensor], list[str]],
-) -> AssembledStep:
+) -> StepTensors:
     """The cycle's ``StepTensors``. ``new_calls`` are pi_new's forwards, run after the cycle's last optimizer step on
     exactly the inputs of :func:`pi_old_calls`, in order: all of them, or the first few (the sequences of the others
     then have no pi_new: routes -1, log-probs NaN)."""
@@ -262,8 +254,9 @@ def assemble(
         routes_old_free=old.routes,
         routes_update=update.routes.indices,
         routes_new=new.routes,
+        entropy=old.entropy,  # [N, C]
     )
-    return AssembledStep(tensors, old.entropy)
+    return tensors
 
 
 def pi_old_calls(cycle: CycleRecord, layout: CycleLayout) -> list[ScoringCall]:

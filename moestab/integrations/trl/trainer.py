@@ -20,7 +20,6 @@ import trl
 import yaml
 from transformers import TrainerCallback
 
-from moestab import rl
 from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
 from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
@@ -29,8 +28,8 @@ from moestab.records.errors import RunError
 from moestab.records.run_info import ModelInfo, read_run_info
 from moestab.records.writer import RunWriter
 from moestab.routing import RecordingError, RoutingRecorder, find_routers
-from moestab.train.step_metrics import step_metrics
-from moestab.train.token_table import token_table
+from moestab.train.step_metrics import response_metrics, step_metrics
+from moestab.train.token_table import record_rows, token_table
 
 LOSS_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps")
 """The keys of TRL's micro-batch that a step's records use."""
@@ -60,14 +59,6 @@ def prepare_run_dir(run_dir: Path, *, overwrite: bool) -> None:
         raise FileExistsError(f"{run_dir} already holds a run ({status}, last step {info.last_step}); choose another "
                               "run_dir or RecordSettings(..., overwrite=True)")
     shutil.rmtree(run_dir)
-
-
-def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
-    """``[n]`` sorted rows of a step written to its per-token table (all of them at fraction 1)."""
-    if fraction >= 1.0:
-        return torch.arange(batch_size)
-    keep = max(1, round(fraction * batch_size))
-    return torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed))[:keep].sort().values
 
 
 class TrlRecords:
@@ -208,18 +199,13 @@ class TrlRecords:
         old_calls = pi_old_calls(cycle, self.layout)
         new_calls = self._pi_new(old_calls[: self.settings.new_chunks(len(old_calls))])
         tokenizer = self.trainer.processing_class
-        done = assemble(cycle, new_calls, layout=self.layout, clip=self.clip,
-                        group_size=int(self.trainer.args.num_generations),
-                        decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
-        t = done.tensors
-        mask = t.batch.response_mask  # [N, C]
+        t = assemble(cycle, new_calls, layout=self.layout, clip=self.clip,
+                     group_size=int(self.trainer.args.num_generations),
+                     decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
         metrics = {
             "time/step_s": time.perf_counter() - cycle.started,
-            "response/length_mean": mask.sum(-1).float().mean().item(),
-            "response/length_max": int(mask.sum(-1).max()),
+            **response_metrics(t),
             "minibatches": self.layout.optimizer_steps,
-            "advantage/nonzero_frac": (t.advantages != 0).float().mean().item(),
-            "entropy": rl.masked_mean(done.entropy_old, mask).item(),
             **step_metrics(t, [{}], replay="off"),  # TRL's loss diagnostics are TRL's to log
         }
         rows = record_rows(t.batch.batch_size, self.settings.record_fraction, int(self.trainer.args.seed) + step)
