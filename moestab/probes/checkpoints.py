@@ -13,7 +13,8 @@ from moestab.probes.errors import ProbeError
 from moestab.records import schema
 from moestab.records.reader import list_checkpoints
 from moestab.routing import find_routers
-from moestab.routing.errors import NotAnMoEModelError
+from moestab.routing.compat import check_generate_recording
+from moestab.routing.errors import IncompatibleTransformersError, NotAnMoEModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -71,6 +72,10 @@ def load_checkpoint(
     try:
         find_routers(model)
     except NotAnMoEModelError as exc:
+        raise ProbeError(f"{checkpoint.path}: {exc}") from None
+    try:
+        check_generate_recording(model)
+    except IncompatibleTransformersError as exc:
         raise ProbeError(f"{checkpoint.path}: {exc}") from None
     return model, tokenizer
 

@@ -9,13 +9,14 @@ Public API:
 - ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support (docs/families.md); each router is
   checked against its adapter on the model itself (``moestab.routing.verify``).
 - Errors: ``RoutingError``, ``NotAnMoEModelError`` (and its ``UnsupportedRoutingError``, ``RouterClassMissingError``),
-  ``AdapterMismatchError``, ``RoutesMismatchError``, ``RecordingError``.
+  ``AdapterMismatchError``, ``IncompatibleTransformersError``, ``RoutesMismatchError``, ``RecordingError``.
 """
 
 from moestab.routing.adapters import ADAPTERS, SUPPORTED_FAMILIES, RouterAdapter
 from moestab.routing.discovery import RouterSite, find_routers
 from moestab.routing.errors import (
     AdapterMismatchError,
+    IncompatibleTransformersError,
     NotAnMoEModelError,
     RecordingError,
     RouterClassMissingError,
@@ -31,6 +32,7 @@ __all__ = [
     "ADAPTERS",
     "SUPPORTED_FAMILIES",
     "AdapterMismatchError",
+    "IncompatibleTransformersError",
     "NotAnMoEModelError",
     "RecordingError",
     "RouterAdapter",

@@ -19,6 +19,11 @@ class RecordingError(RoutingError, RuntimeError):
     """A forward could not be recorded (e.g. router called with an unexpected token count)."""
 
 
+class IncompatibleTransformersError(RecordingError):
+    """Recording under the installed transformers does not give one route per real position of the sequences asked
+    for (``moestab.routing.compat``); the message names the version and what to install."""
+
+
 class AdapterMismatchError(RoutingError, RuntimeError):
     """A family's adapter does not reproduce its router's own output (the family's math changed)."""
 

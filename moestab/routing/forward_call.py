@@ -2,6 +2,11 @@
 
 Routers see a flat ``[batch * seq, hidden]`` token matrix; the recorder and replay read the call's
 shape and attention mask from a pre-hook on the model to map those rows back to positions.
+
+The KV cache is the one transformers internal this depends on: its keyword changed from ``past_key_values``
+(transformers <= 5.23) to ``cache`` (5.24). Both are read; a cache object passed under any other keyword is refused
+(``RecordingError`` naming the transformers version), because a decode step that is not recognised as one would be
+recorded as a new batch of sequences.
 """
 
 from __future__ import annotations
@@ -10,6 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from moestab.routing.errors import RecordingError
+
+CACHE_KEYWORDS = ("cache", "past_key_values")
+"""Keywords under which transformers passes the KV cache to a model's forward (5.24+, then <= 5.23)."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,8 @@ class ForwardCall:
     """``[batch, seq]`` bool for the tokens of this call (True = real token); None = no padding."""
     continuation: bool
     """True when the call extends a KV cache that already holds tokens (a decode step)."""
+    cached: bool = False
+    """True when the call was handed a KV cache (empty or not): a ``generate()`` prefill or decode step."""
 
 
 def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardCall:
@@ -33,7 +45,7 @@ def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardC
         raise ValueError("cannot route-track a forward without input_ids or inputs_embeds")
     batch, seq = tokens.shape[0], tokens.shape[1]
 
-    cache = kwargs.get("past_key_values")
+    cache = find_cache(kwargs)
     past = _cached_length(cache) if cache is not None else 0
 
     mask = kwargs.get("attention_mask")
@@ -44,7 +56,37 @@ def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardC
             f"attention_mask of shape {tuple(mask.shape)} is not supported for route tracking; "
             "pass the usual [batch, seq] padding mask"
         )
-    return ForwardCall(batch=batch, seq=seq, attention_mask=mask, continuation=past > 0)
+    return ForwardCall(batch=batch, seq=seq, attention_mask=mask, continuation=past > 0, cached=cache is not None)
+
+
+def find_cache(kwargs: dict[str, Any]) -> Any | None:
+    """The KV cache of a forward call, under whichever keyword this transformers passes it; None without one.
+
+    Raises ``RecordingError`` when a cache object arrives under a keyword moestab does not know (a transformers
+    release renamed it again): its decode steps could not be told from new sequences.
+    """
+    for name in CACHE_KEYWORDS:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    for name, value in kwargs.items():
+        if _is_cache(value):
+            import transformers
+
+            raise RecordingError(
+                f"transformers {transformers.__version__} passed the model's KV cache as {name}=<"
+                f"{type(value).__name__}>; moestab reads it as one of {', '.join(CACHE_KEYWORDS)}, so it cannot tell "
+                "decode steps from new sequences. Install a transformers version this moestab was tested with "
+                "(see README: 'Tested versions')."
+            )
+    return None
+
+
+def _is_cache(value: Any) -> bool:
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:  # pragma: no cover - every supported transformers has it
+        return False
+    return isinstance(value, Cache)
 
 
 def _cached_length(cache: Any) -> int:

@@ -20,7 +20,8 @@ from moestab.models import is_embedded, parse_model_spec
 from moestab.records import schema
 from moestab.records.run_info import ModelInfo, read_run_info
 from moestab.records.writer import RunWriter, remove_temporaries
-from moestab.routing import find_routers
+from moestab.routing import IncompatibleTransformersError, find_routers
+from moestab.routing.compat import check_generate_recording
 from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import complete_checkpoints, read_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
@@ -121,6 +122,14 @@ def _load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrai
         raise TrainingError(f"cannot load model {path!r}{files}: {type(exc).__name__}: {exc}") from exc
     find_routers(model)  # a dense model fails here with the list of supported families
     return model.to(device)
+
+
+def _check_recording(model: PreTrainedModel) -> None:
+    """Refuse, before anything is written, a transformers whose generate() this moestab cannot record."""
+    try:
+        check_generate_recording(model)
+    except IncompatibleTransformersError as exc:
+        raise TrainingError(str(exc)) from exc
 
 
 def _model_info(model: PreTrainedModel, record_slots: list[int]) -> ModelInfo:
@@ -239,6 +248,7 @@ def _train(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = _load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    _check_recording(model)
     record_slots = _record_slots(model, config.record_layers)
     model_info = _model_info(model, record_slots)
     if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.routing import RoutingRecorder, find_routers
+from moestab.routing.compat import expect_coverage
 from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 from moestab.train.distributed import full_state_dict, is_sharded, unsharded_copy
 
@@ -78,6 +79,7 @@ class HFRolloutEngine:
         logp = torch.log_softmax(raw / temperature, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
         attention_mask = torch.cat([prompt_mask, response_mask[:, :-1].long()], dim=1)  # [B, L]
         routes = recorder.routes
+        expect_coverage(routes, attention_mask, family=self.model.config.model_type, where="HF rollout engine")
         completions = tok.batch_decode(generated.masked_fill(~response_mask, tok.pad_token_id),
                                        skip_special_tokens=True)
         return RolloutBatch(

@@ -314,3 +314,14 @@ def test_trl_stays_optional():
     assert out.returncode == 0 and out.stdout.split() == ["False"]
     out = run("import sys\nsys.modules['trl'] = None\nimport moestab.integrations.trl")
     assert out.returncode != 0 and "ImportError: moestab.integrations.trl needs TRL: pip install trl" in out.stderr
+
+
+def test_an_incompatible_transformers_is_refused_before_the_run_folder_is_written(tmp_path, monkeypatch):
+    from moestab.routing import IncompatibleTransformersError
+    from moestab.routing import forward_call as forward_call_module
+
+    monkeypatch.setattr(forward_call_module, "find_cache", lambda kwargs: None)  # decode steps go unrecognised
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    with pytest.raises(IncompatibleTransformersError, match="start-up check of recording under generate"):
+        run_snippet(tmp_path, model, tokenizer)
+    assert not (tmp_path / "run").exists()

@@ -197,3 +197,17 @@ def test_cli_threads_flag_is_validated_and_applied(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(torch, "set_num_threads", seen.append)
     assert main(["probe", "compare", a, a, "--threads", "1", "--count", "2", "--no-progress"]) == 0
     assert seen == [1]
+
+
+def test_an_incompatible_transformers_is_refused_before_the_probe_folder_is_written(tmp_path, capsys, monkeypatch):
+    import transformers
+
+    from moestab.routing import forward_call as forward_call_module
+
+    a = save_family(tmp_path / "a", "olmoe")
+    monkeypatch.setattr(forward_call_module, "find_cache", lambda kwargs: None)  # decode steps go unrecognised
+    code = main(["probe", "compare", a, a, "--count", "4", "--out", str(tmp_path / "probe"), "--no-progress"])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert f"transformers {transformers.__version__} (family olmoe)" in err and "pip install 'transformers==" in err
+    assert not (tmp_path / "probe").exists()

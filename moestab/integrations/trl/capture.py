@@ -2,7 +2,7 @@
 
 TRL's ``GRPOTrainer`` runs three kinds of top-level forward of the policy, told apart by their arguments:
 
-- ``generate()`` calls (a ``past_key_values`` cache is passed): the prefill and its KV-cached decode steps, the
+- ``generate()`` calls (a KV cache is passed): the prefill and its KV-cached decode steps, the
   rollout. The tokens fed to the decode steps are the sampled ones, so each step's sampling distribution is scored
   at the next step's input; the last sampled token is never fed, so its distribution is kept until it is known.
 - scoring calls (``fused_lm_head=True``, TRL's fused LM head): ``outputs.log_probs[:, p]`` is the log-prob of token
@@ -118,7 +118,7 @@ class ForwardCapture:
         call = read_forward_call(args, kwargs)
         last = self._segments[-1] if self._segments else None
         continues = call.continuation and last is not None and last.batch == call.batch  # the recorder's rule
-        if kwargs.get("past_key_values") is not None:
+        if call.cached:
             ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]  # [N, s]
             if continues:
                 if last.kind != "generate":

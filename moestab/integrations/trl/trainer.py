@@ -28,6 +28,7 @@ from moestab.records.errors import RunError
 from moestab.records.run_info import ModelInfo, read_run_info
 from moestab.records.writer import RunWriter
 from moestab.routing import RecordingError, RoutingRecorder, find_routers
+from moestab.routing.compat import check_generate_recording
 from moestab.train.step_metrics import response_metrics, step_metrics
 from moestab.train.token_table import record_rows, token_table
 
@@ -82,6 +83,7 @@ class TrlRecords:
         self.temperature = float(trainer.generation_config.temperature or 1.0)  # None samples at 1, as in HF
         model = trainer.model
         sites = find_routers(model)  # checks every router against its adapter once; the recorders skip it
+        check_generate_recording(model)  # this transformers' generate() is recorded as one forward would be
         moe_layers = [s.layer for s in sites]
         wanted = settings.record_layers or tuple(moe_layers)
         unknown = sorted(set(wanted) - set(moe_layers))
