@@ -41,9 +41,12 @@ def install_hint() -> str:
             "(or set up with scripts/setup.sh, which installs the tested versions of constraints.txt)")
 
 
-def expect_coverage(routes: Routes, attention_mask: torch.Tensor, *, family: str, where: str) -> None:
-    """Raise ``IncompatibleTransformersError`` unless ``routes`` covers exactly the real positions of
-    ``attention_mask`` (``[batch, seq]``, 1 = real token); ``where`` names what recorded them."""
+def expect_coverage(routes: Routes, attention_mask: torch.Tensor, *, family: str, where: str,
+                    exact: bool = True) -> None:
+    """Raise ``IncompatibleTransformersError`` unless ``routes`` has the shape of ``attention_mask`` (``[batch, seq]``,
+    1 = real token) and a route at every real position; with ``exact``, at no other position either (without it,
+    positions a caller masks afterwards, e.g. those ``generate()`` fed after an EOS, may hold routes). ``where``
+    names what recorded them."""
     batch, seq = attention_mask.shape
     indices = routes.indices  # [batch', seq', layers, top_k]
     saw = f"routes of shape {list(indices.shape)} for sequences [batch, seq] = [{batch}, {seq}]"
@@ -53,9 +56,9 @@ def expect_coverage(routes: Routes, attention_mask: torch.Tensor, *, family: str
     else:
         routed = (indices >= 0).all(-1).all(-1)  # [batch, seq]
         real = attention_mask.to(routed.device).bool()  # [batch, seq]
-        if not torch.equal(routed, real):
-            missing = int((real & ~routed).sum())
-            extra = int((routed & ~real).sum())
+        missing = int((real & ~routed).sum())
+        extra = int((routed & ~real).sum()) if exact else 0
+        if missing or extra:
             problem = f"{missing} real position(s) have no route and {extra} padding position(s) have one"
     if problem is not None:
         raise IncompatibleTransformersError(

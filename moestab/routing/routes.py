@@ -117,6 +117,22 @@ class Routes:
             rows=move(self.rows),
         )
 
+    def masked(self, keep: torch.Tensor) -> Routes:
+        """These routes with every position outside ``keep`` (``[batch, seq]`` bool) marked unrecorded (-1 / NaN),
+        e.g. the positions ``generate()`` fed after a sequence's EOS, which are not part of its sample."""
+        drop = ~keep.to(self.indices.device).bool()  # [batch, seq]
+
+        def fill(t: torch.Tensor | None, value) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.masked_fill(drop.reshape(*drop.shape, *([1] * (t.dim() - 2))), value)
+
+        nan = float("nan")
+        return replace(self, indices=fill(self.indices, -1), margin=fill(self.margin, nan),
+                       entropy=fill(self.entropy, nan), confidence=fill(self.confidence, nan),
+                       router_logprobs=fill(self.router_logprobs, nan), slot_scores=fill(self.slot_scores, nan),
+                       gates=fill(self.gates, nan))
+
     def shift(self, positions: int) -> Routes:
         """These routes ``positions`` places later: unrecorded positions (-1 / NaN) prepended, e.g. to lay a batch
         out on a wider left-padded prompt."""

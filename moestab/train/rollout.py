@@ -78,8 +78,10 @@ class HFRolloutEngine:
         raw = torch.stack(out.logits, dim=1).float()  # [B, T, V] logits before temperature
         logp = torch.log_softmax(raw / temperature, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
         attention_mask = torch.cat([prompt_mask, response_mask[:, :-1].long()], dim=1)  # [B, L]
-        routes = recorder.routes
-        expect_coverage(routes, attention_mask, family=self.model.config.model_type, where="HF rollout engine")
+        # generate() feeds a finished sequence's padding on until the batch ends: those positions are not its sample.
+        expect_coverage(recorder.routes, attention_mask, family=self.model.config.model_type,
+                        where="HF rollout engine", exact=False)
+        routes = recorder.routes.masked(attention_mask.bool())
         completions = tok.batch_decode(generated.masked_fill(~response_mask, tok.pad_token_id),
                                        skip_special_tokens=True)
         return RolloutBatch(

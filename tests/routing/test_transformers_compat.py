@@ -77,6 +77,18 @@ def test_expect_coverage_hand_cases():
         expect_coverage(_routes(torch.ones(2, 2, dtype=torch.bool)), mask, family="f", where="w")
 
 
+def test_positions_fed_after_eos_may_hold_routes_until_the_engine_masks_them():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0 finished: generate() fed it padding at position 2
+    routes = _routes(torch.ones(2, 3, dtype=torch.bool))
+    routes = Routes(indices=routes.indices, layers=(0,), num_experts=4, gates=torch.rand(2, 3, 1, 2),
+                    entropy=torch.rand(2, 3, 1))
+    expect_coverage(routes, mask, family="f", where="w", exact=False)
+    masked = routes.masked(mask.bool())
+    expect_coverage(masked, mask, family="f", where="w")  # now exactly the real positions
+    assert masked.indices[0, 2].tolist() == [[-1, -1]] and masked.gates[0, 2].isnan().all()
+    assert masked.entropy[0, 2].isnan().all() and torch.equal(masked.gates[1], routes.gates[1])
+
+
 def test_incompatible_is_a_recording_error():
     assert issubclass(IncompatibleTransformersError, RecordingError)
 

@@ -1,0 +1,64 @@
+"""Print the pip constraints of one CI test tier (scripts/test_tier.sh): read from pyproject.toml and constraints.txt,
+so the tiers always test the range the project declares.
+
+    python3 scripts/tier_constraints.py newest   # torch as locked; everything else the newest inside the range
+    python3 scripts/tier_constraints.py oldest   # torch as locked; the ranged packages at their lower bounds
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RANGED = ("transformers", "pandas", "pyarrow", "streamlit", "trl")
+"""The packages whose declared lower bound the oldest tier installs (torch stays on the locked CPU wheel)."""
+
+
+def declared() -> dict[str, str]:
+    """Every requirement of pyproject (dependencies and extras): ``{name: specifier}``."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements += extra
+    out = {}
+    for requirement in requirements:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", requirement.strip())
+        if match is None:
+            raise SystemExit(f"pyproject.toml: cannot read the requirement {requirement!r}")
+        out.setdefault(match.group(1).lower(), match.group(2))
+    return out
+
+
+def locked() -> dict[str, str]:
+    """constraints.txt's pins: ``{name: version}``."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name.lower()] = version
+    return pins
+
+
+def lower_bound(specifier: str, name: str) -> str:
+    match = re.search(r">=\s*([0-9][^,\s]*)", specifier)
+    if match is None:
+        raise SystemExit(f"pyproject.toml declares no lower bound (>=) for {name}: {specifier!r}")
+    return match.group(1)
+
+
+def tier_pins(tier: str) -> list[str]:
+    pins = [f"torch=={locked()['torch']}"]
+    if tier == "oldest":
+        specs = declared()
+        pins += [f"{name}=={lower_bound(specs[name], name)}" for name in RANGED]
+    return pins
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in ("newest", "oldest"):
+        raise SystemExit("usage: python3 scripts/tier_constraints.py newest|oldest")
+    print("\n".join(tier_pins(sys.argv[1])))
