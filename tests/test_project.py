@@ -43,3 +43,31 @@ def test_layers_import_downwards_only():
     assert not loaded("moestab.analysis.summary, moestab.analysis.attribution, moestab.analysis.plots", "torch")
     assert not loaded("moestab.metrics.routes, moestab.metrics.mismatch, moestab.metrics.ratios", "torch")
     assert loaded("moestab.train.loop", "moestab.metrics.routes")  # the check can fail
+
+
+def test_the_declared_range_is_the_tested_range():
+    # pyproject's lower bounds are what the oldest tier installs, constraints.txt what README's commands install, and
+    # the start-up check's message names both ends.
+    import importlib.util
+
+    from moestab.routing.compat import TESTED_TRANSFORMERS
+
+    spec = importlib.util.spec_from_file_location("tier_constraints", ROOT / "scripts" / "tier_constraints.py")
+    tiers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiers)
+    declared, locked = tiers.declared(), tiers.locked()
+    oldest = dict(pin.split("==") for pin in tiers.tier_pins("oldest"))
+    assert oldest["transformers"] == TESTED_TRANSFORMERS[0] == tiers.lower_bound(declared["transformers"], "t")
+    assert locked["transformers"] == TESTED_TRANSFORMERS[1]
+    assert set(oldest) == {"torch", *tiers.RANGED}
+    assert tiers.tier_pins("newest") == [f"torch=={locked['torch']}"]
+    for name in ("torch", *tiers.RANGED):  # every locked version lies inside the declared range
+        from packaging.specifiers import SpecifierSet
+
+        assert locked[name] in SpecifierSet(declared[name]), (name, locked[name], declared[name])
+
+
+def test_ci_runs_both_tiers_and_setup_installs_the_lock():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/test_tier.sh newest" in ci and "bash scripts/test_tier.sh oldest" in ci
+    assert "-c constraints.txt" in (ROOT / "scripts" / "setup.sh").read_text()
