@@ -172,17 +172,21 @@ def test_lfm2_moe_without_expert_bias_ranks_by_sigmoid_alone():
         assert torch.equal(model(input_ids=ids).logits, free)
 
 
-def test_a_fresh_cache_with_offset_positions_is_a_prefill_not_a_decode_step():
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])  # transformers >= 5.24, then <= 5.23
+def test_a_fresh_cache_with_offset_positions_is_a_prefill_not_a_decode_step(keyword):
+    import inspect
+
     from transformers import DynamicCache
 
     from moestab.routing.forward_call import read_forward_call
 
     ids = torch.randint(3, 100, (1, 6))
-    call = read_forward_call((), {"input_ids": ids, "past_key_values": DynamicCache(),
-                                  "position_ids": torch.arange(10, 16)[None]})
-    assert not call.continuation
+    positions = torch.arange(10, 16)[None]  # [1, 6]
+    call = read_forward_call((), {"input_ids": ids, keyword: DynamicCache(), "position_ids": positions})
+    assert call.cached and not call.continuation
     model = tiny_model("qwen3_moe")
+    accepted = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
     with RoutingRecorder(model) as rec, torch.no_grad():
         for _ in range(2):
-            model(input_ids=ids, past_key_values=DynamicCache(), position_ids=torch.arange(10, 16)[None])
+            model(input_ids=ids, position_ids=torch.arange(10, 16)[None], **{accepted: DynamicCache()})
     assert len(rec.segments) == 2 and rec.routes.indices.shape[:2] == (2, 6)
