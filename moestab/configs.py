@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import datetime
 import inspect
 import itertools
 import textwrap
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from moestab.text import ECHO_LIMIT, UserFileError, clip, read_user_text, shown
 
 C = TypeVar("C")
 
@@ -81,26 +84,91 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tu
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The ``field: value`` mapping of a config file, with one clear :class:`ConfigError` for anything else."""
+    if not str(path).strip():
+        raise ConfigError("--config is empty; give a YAML file of config fields or leave out --config")
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = read_user_text(path, what="config file", expected="give a YAML file of config fields")
+    except UserFileError as exc:
+        raise ConfigError(str(exc)) from exc
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds plain values only
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {path}, line {exc.line}: key {shown(exc.key)} is given twice (first on "
+                          f"line {exc.first}); give each key once") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"config file {path} is not valid YAML: {clip(str(exc), 2 * ECHO_LIMIT)}") from exc
+    except (ValueError, RecursionError) as exc:  # an integer past Python's 4,300 digits; nesting past the stack
+        raise ConfigError(f"config file {path} is not usable YAML: {clip(str(exc) or type(exc).__name__)}") from exc
+    if data is None or data == {}:
+        raise ConfigError(f"config file {path} is empty; give settings (field: value lines) or leave out --config")
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of field: value, got {type(data).__name__}")
+        raise ConfigError(f"config file {path} must hold a mapping of field: value, got {_kind(data)}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+class _DuplicateKey(Exception):
+    """A mapping of a YAML file gives ``key`` twice: on ``first`` and again on ``line`` (1-based)."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(key, line, first)
+        self.key, self.line, self.first = key, line, first
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base': its keys may be overridden
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, line, seen[key])
+                except TypeError:  # an unhashable key: the base class refuses it
+                    continue
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_SCALARS = (str, int, float, bool, datetime.date)
+"""Python types of YAML scalars; anything else (a list, a mapping) is not one value."""
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _kind(raw: Any) -> str:
+    """What ``raw`` is, in words, for an error: 'a list of 9 items'."""
+    if isinstance(raw, list | tuple | set | dict):
+        return f"a {'mapping' if isinstance(raw, dict) else 'list'} of {len(raw)} item{'s' * (len(raw) != 1)}"
+    return f"a {type(raw).__name__}"
+
+
 def coerce(cls: type, name: str, raw: Any) -> Any:
-    """Convert a YAML / command-line value to the field's type, with a clear error."""
+    """Convert a YAML / command-line value to the field's type, with a clear error.
+
+    An empty string is kept for a text field (the config says what that field needs instead) and refused for any
+    other; 'none' / 'null' unset an optional field."""
     hint = typing.get_type_hints(cls)[name]
     typ, optional = _base_type(hint)
-    if raw is None or (optional and isinstance(raw, str) and raw.lower() in ("none", "null", "")):
+    listed = typ in (tuple, list)
+    unset = ("none", "null", "") if listed else ("none", "null")  # an empty list: its default
+    if raw is None or (optional and isinstance(raw, str) and raw.strip().lower() in unset):
         if optional:
             return None
         raise ConfigError(f"{name} may not be empty")
+    elem = next(iter({a for a in typing.get_args(_strip_optional(hint)) if a is not Ellipsis} or {str})) \
+        if listed else typ
+    kind = _KINDS.get(elem, getattr(elem, "__name__", str(elem)))
+    if not isinstance(raw, _SCALARS) and not (listed and isinstance(raw, list | tuple)):
+        takes = f"a list of single values, each {kind}" if listed else f"one value, {kind}"
+        raise ConfigError(f"{name}: got {_kind(raw)}; {name} takes {takes}")
+    if isinstance(raw, str) and not raw.strip() and typ is not str and not listed:
+        raise ConfigError(f"{name}: the value is empty; give {kind} or leave {name} out for its default")
     try:
         if typ is bool:
             if isinstance(raw, bool):
@@ -110,18 +178,22 @@ def coerce(cls: type, name: str, raw: Any) -> Any:
             if str(raw).lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError(raw)
-        if typ in (tuple, list):
+        if listed:
             items = raw if isinstance(raw, list | tuple) else [s for s in str(raw).split(",") if s.strip()]
-            (elem,) = {a for a in typing.get_args(_strip_optional(hint)) if a is not Ellipsis} or {str}
+            bad = next((i for i, x in enumerate(items) if not isinstance(x, _SCALARS)), None)
+            if bad is not None:
+                raise ConfigError(f"{name}: item {bad + 1} is {_kind(items[bad])}; {name} takes a list of single "
+                                  f"values, each {kind}")
             try:
                 return tuple(_scalar(elem, x) for x in items)
             except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{name}: {raw!r} is not a comma-separated list of {elem.__name__} values") from exc
+                raise ConfigError(f"{name}: {shown(raw)} is not a comma-separated list of {elem.__name__} "
+                                  "values") from exc
         return _scalar(typ, raw)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}: {raw!r} is not a valid {getattr(typ, '__name__', typ)}") from exc
+        raise ConfigError(f"{name}: {shown(raw)} is not a valid {getattr(typ, '__name__', typ)}") from exc
 
 
 def _scalar(typ: type, raw: Any) -> Any:
@@ -146,10 +218,23 @@ def build_config(cls: type[C], *layers: dict[str, Any]) -> C:
     for layer in layers:
         for name, raw in layer.items():
             if name not in valid:
-                raise ConfigError(f"unknown config field {name!r}; valid fields: {', '.join(valid)}")
+                raise ConfigError(f"unknown config field {shown(name)}; valid fields: {', '.join(valid)}")
             if raw is not None:
                 values[name] = coerce(cls, name, raw)
     return cls(**values)
+
+
+def folder_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be (or become) a folder: a file at it or at one of its parents; ``None`` when it can."""
+    target = Path(path).expanduser()
+    for candidate in (target, *target.parents):
+        if candidate.exists():
+            if candidate.is_dir():
+                return None
+            if candidate == target:
+                return f"{shown(str(path))} is a file, not a folder"
+            return f"{shown(str(path))} cannot be a folder: {candidate} is a file"
+    return None
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -48,7 +48,7 @@ for run in ctx.runs:
             "rollout_old_free_k3": row["rollout_old_free_k3"],
             "clip_token_frac_later": row["clip_token_frac_later"],
             "updated": row["updated"],
-            "problem": row["error"] or ("; ".join(loaded.skipped) if loaded.skipped else None),
+            "problem": row["damage"] or row["error"] or ("; ".join(loaded.skipped) if loaded.skipped else None),
         }
     )
     if loaded.skipped:
@@ -67,7 +67,8 @@ st.dataframe(
     column_config={
         "run": st.column_config.TextColumn("run", help="Folder, relative to the runs folder", pinned=True),
         "status": st.column_config.TextColumn(
-            "status", help="finished / running / failed / interrupted / stopped (its process died: resumable)"
+            "status", help="finished / running / failed / interrupted / stopped (its process died: resumable) / "
+            "damaged (its metrics.jsonl steps repeat or go back: two writers mixed it)"
         ),
         "steps": st.column_config.TextColumn("steps", help="Last completed step / planned steps"),
         "final_accuracy": st.column_config.NumberColumn(
@@ -105,6 +106,8 @@ for run in ctx.runs:
     row = loaders.overview(run.path, run.key).value
     if row is not None and row["status"] == "failed":
         st.warning(f"**{run.label}** failed: {row['error'] or 'no message recorded'}", icon=":material/cancel:")
+    if row is not None and row["damage"]:
+        st.error(f"**{run.label}** is damaged: {row['damage']}", icon=":material/report:")
 
 
 def _keep_selection() -> None:

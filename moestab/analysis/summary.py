@@ -20,7 +20,14 @@ from moestab.analysis.ratios import clip_fractions
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.records import schema
 from moestab.records.errors import RunFileError, Skipped, skip
-from moestab.records.reader import list_token_files, load_metrics, load_tokens, read_run_info
+from moestab.records.reader import (
+    list_token_files,
+    load_metrics,
+    load_tokens,
+    metrics_step_problem,
+    open_token_file,
+    read_run_info,
+)
 
 SUMMARY_KEYS: dict[str, str] = {
     "old_new_changed": "routing/old_new/changed",
@@ -38,15 +45,17 @@ SUMMARY_KEYS: dict[str, str] = {
 
 SUMMARY_COLUMNS = (
     "run", "algo", "replay", "model", "status", "steps", "final_accuracy", "warm_start_accuracy",
-    *SUMMARY_KEYS, "path",
+    *SUMMARY_KEYS, "damage", "path",
 )
 """Columns of :func:`summarize_runs`, in order (each documented in docs/metrics.md, "moestab analyze"):
 
 - ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3 / TRR), ``model``, ``status`` from run.json (a
-  ``running`` run whose writer is gone reads ``stopped``, see ``RunInfo.live_status``);
+  ``running`` run whose writer is gone reads ``stopped``, see ``RunInfo.live_status``; a run whose metrics.jsonl
+  steps repeat or go back reads ``damaged``, whatever run.json says);
 - ``steps``: ``last_step``; ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
   ``warm_start_accuracy``;
 - the keys of :data:`SUMMARY_KEYS`: step means of metrics.jsonl keys;
+- ``damage``: why the run is ``damaged`` (:func:`~moestab.records.reader.metrics_step_problem`), else ``None``;
 - ``path``: the run folder.
 """
 
@@ -91,6 +100,24 @@ def step_metrics_from_tokens(run: str | Path, skipped: list[Skipped] | None = No
     return pd.concat(frames, axis=1).rename_axis("step").reset_index()
 
 
+def _no_logged_step(run: str | Path, last_step: int, skipped: list[Skipped] | None) -> None:
+    """Say (in ``skipped``) that metrics.jsonl holds no step of a run that reached ``last_step``; its numbers then
+    come from the token tables, if any."""
+    tokens = "stability numbers recomputed from the token tables" if len(list_token_files(run)) else \
+        "and the run has no token tables, so it has no stability numbers"
+    skip(skipped, RunFileError(Path(run) / schema.METRICS_JSONL,
+                               f"holds no step, though run.json says the run reached step {last_step}; {tokens}"))
+
+
+def _check_token_files(run: str | Path, skipped: list[Skipped] | None) -> None:
+    """Put every per-token table that cannot be opened (truncated, not Parquet) in ``skipped``, naming it."""
+    for path in list_token_files(run)["path"]:
+        try:
+            open_token_file(path)
+        except RunFileError as exc:
+            skip(skipped, exc)
+
+
 def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[str, Any]:
     """The summary row of one run (keys of :data:`SUMMARY_COLUMNS`).
 
@@ -105,18 +132,26 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[s
     except RunFileError as exc:
         skip(skipped, RunFileError(exc.path, f"{exc.problem}; stability numbers recomputed from the token tables"))
         metrics = None
+    if metrics is not None and metrics.empty and info.last_step > 0:  # its steps were lost: not a run of 0 steps
+        _no_logged_step(run, info.last_step, skipped)
+        metrics = None
     final = info.final_accuracy if info.final_accuracy is not None else _last_of(metrics, "eval/accuracy")
+    damage = metrics_step_problem(run)
     row: dict[str, Any] = {
         "run": info.name,
         "algo": info.algo,
         "replay": info.replay_label,
         "model": info.model_name,
-        "status": info.live_status(),  # a "running" run whose writer died reads "stopped"
+        # Two writers' records mixed: never shown as finished. A "running" run whose writer died reads "stopped".
+        "status": schema.STATUS_DAMAGED if damage else info.live_status(),
         "steps": info.last_step,
         "final_accuracy": final,
         "warm_start_accuracy": np.nan if info.warm_start_accuracy is None else info.warm_start_accuracy,
+        "damage": damage,
         "path": str(info.path),
     }
+    if metrics is not None:  # the summary reads no token table then, but a corrupt one is said all the same
+        _check_token_files(run, skipped)
     if metrics is None and len(list_token_files(run)):
         metrics = step_metrics_from_tokens(run, skipped)
     row.update(_step_means(metrics if metrics is not None else pd.DataFrame()))

@@ -2,7 +2,9 @@
 
 Only parses arguments and calls ``moestab.analysis``. Problems with one run (not a run folder, a
 newer schema, a missing or corrupt file) are reported on stderr naming the file, and the readable
-part of every run is still summarised; the exit code is 1 only when no run could be read at all.
+part of every run is still summarised. The exit status is 1 when no run could be read at all, or when
+a run is ``damaged`` (its metrics.jsonl steps repeat or go back: the summary is printed, the damage
+is said on stderr); else 0.
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _report(skipped: list, stream) -> None:
-    """Print what the readers left out of a run (file, line, reason)."""
-    for part in dict.fromkeys(skipped):
-        print(f"moestab analyze: warning: skipped {part}", file=stream)
+def _report(skipped: list, stream, said: set) -> None:
+    """Print what the readers left out of a run (file, line, reason), once per file and line, however many readers
+    met it: ``said`` holds the (file, line) pairs printed."""
+    for part in skipped:
+        if (part.file, part.line) not in said:
+            said.add((part.file, part.line))
+            print(f"moestab analyze: warning: skipped {part}", file=stream)
 
 
 def _format_table(frame) -> str:
     """One column per run, one row per field: readable however many metrics there are."""
-    shown = frame.drop(columns=["path"]).set_index("run").T
+    shown = frame.drop(columns=["path", "damage"]).set_index("run").T  # damage: said on stderr
     return shown.to_string(na_rep="-", float_format=lambda x: f"{x:.4g}")
 
 
@@ -48,13 +53,14 @@ def run(args: argparse.Namespace) -> int:
     from moestab.records.reader import finite_or_none
 
     rows = []
+    said: set = set()  # the summary and --plots may both find a corrupt file: said once
     for path in args.runs:
         skipped: list = []
         try:
             rows.append(run_summary(path, skipped))
         except RunError as exc:
             print(f"moestab analyze: error: {exc}", file=sys.stderr)
-        _report(skipped, sys.stderr)
+        _report(skipped, sys.stderr, said)
     if not rows:
         print("moestab analyze: error: no readable run among the folders given", file=sys.stderr)
         return 1
@@ -74,11 +80,14 @@ def run(args: argparse.Namespace) -> int:
         print(_format_table(frame))
 
     if args.plots is not None:
-        _write_plots(args.plots, [Path(p) for p in frame["path"]], list(frame["run"]))
-    return 0
+        _write_plots(args.plots, [Path(p) for p in frame["path"]], list(frame["run"]), said)
+    damaged = [row for row in rows if row["damage"]]
+    for row in damaged:
+        print(f"moestab analyze: error: {row['path']} is damaged: {row['damage']}", file=sys.stderr)
+    return 1 if damaged else 0
 
 
-def _write_plots(out: Path, runs: list[Path], names: list[str]) -> None:
+def _write_plots(out: Path, runs: list[Path], names: list[str], said: set) -> None:
     import pandas as pd
 
     from moestab.analysis.plots import plot_curves, save_figure, write_run_plots
@@ -96,7 +105,7 @@ def _write_plots(out: Path, runs: list[Path], names: list[str]) -> None:
             print(f"moestab analyze: wrote {len(written)} figure(s) to {folder}", file=sys.stderr)
         except (RunError, ValueError, KeyError) as exc:
             print(f"moestab analyze: error: no figures for {path}: {exc}", file=sys.stderr)
-        _report(skipped, sys.stderr)
+        _report(skipped, sys.stderr, said)
         try:
             metrics = load_metrics(path, skipped=[])  # what it skips was reported above
         except RunError:

@@ -2,6 +2,7 @@
 
 Runs ``python -m streamlit run dashboard/app.py -- RUNS_DIR`` bound to 127.0.0.1 unless ``--host``
 says otherwise. The app lives beside the package in a source checkout (``pip install -e .``).
+Ctrl-C or SIGTERM stops Streamlit too (passed on, and waited for), so no server is left listening.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ HELP = "Start the Streamlit dashboard comparing the run folders under RUNS_DIR (
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501
+STOP_TIMEOUT_S = 10.0
+"""How long Streamlit has to exit after a passed-on Ctrl-C / SIGTERM before it is killed."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,8 +67,6 @@ def streamlit_command(args: argparse.Namespace, app: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import subprocess
-
     app = app_path()
     if not app.is_file():
         print(
@@ -82,7 +83,41 @@ def run(args: argparse.Namespace) -> int:
     if args.runs_dir and not Path(args.runs_dir).is_dir():
         print(f"moestab dashboard: note: {args.runs_dir} does not exist yet; the app will say so", file=sys.stderr)
     print(f"moestab dashboard: serving on http://{args.host}:{args.port} (Ctrl-C to stop)", file=sys.stderr)
+    return serve(command)
+
+
+def serve(command: list[str]) -> int:
+    """Run the server ``command`` until it exits; returns its exit status, or 0 when Ctrl-C / SIGTERM stopped it.
+
+    SIGINT and SIGTERM to this process are passed on to the server (its own session, so a terminal's Ctrl-C reaches
+    it once) and waited for; a server still running :data:`STOP_TIMEOUT_S` later is killed (exit status 1).
+    """
+    import signal
+    import subprocess
+    import time
+
+    child = subprocess.Popen(command, start_new_session=True)
+    deadline: list[float] = []  # when the server is killed, once a signal has been passed on
+
+    def forward(signum: int, _frame: object) -> None:
+        if not deadline:
+            deadline.append(time.monotonic() + STOP_TIMEOUT_S)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return subprocess.call(command)
-    except KeyboardInterrupt:
-        return 0
+        while True:
+            try:
+                code = child.wait(timeout=0.2)  # polled, so that the deadline is seen
+                break
+            except subprocess.TimeoutExpired:
+                if deadline and time.monotonic() > deadline[0]:
+                    child.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if deadline and code == -signal.SIGKILL:
+        print(f"moestab dashboard: error: Streamlit had not stopped {STOP_TIMEOUT_S:.0f} s after the signal; killed it",
+              file=sys.stderr)
+        return 1
+    return 0 if deadline else code

@@ -15,9 +15,23 @@ HELP = ("Probe MoE checkpoints without training: compare two, precision numerics
         "volatility by lr and minibatches, volatility against depth.")
 
 
+def _folder(value: str) -> Path:
+    """argparse type of an output folder: an empty value is refused (``Path("")`` would be the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the value is empty; give a folder")
+    return Path(value)
+
+
+def _json_target(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the value is empty; give a file, or '-' for stdout")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from moestab.probes.runner import PROBES, ProbeSettings
     from moestab.probes.suites import SUITE_FORMS
+    from moestab.train.config import MAX_NEW_TOKENS
 
     d = ProbeSettings()
 
@@ -43,9 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step.add_argument("--group-size", type=int, default=d.group_size, help=f"samples per prompt (default "
                       f"{d.group_size})")
     step.add_argument("--seed", type=int, default=d.seed, help="the step is moestab train's step 1 with this seed; "
-                      "depth: also the policies' initialisation")
-    step.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: the task's longest "
-                      "answer plus end-of-sequence)")
+                      "depth: also the policies' initialisation; 0 <= seed < 2**63")
+    step.add_argument("--max-new-tokens", type=int, default=None, help=f"response cap, 1 to {MAX_NEW_TOKENS} (default: "
+                      "the task's longest answer plus end-of-sequence)")
     step.add_argument("--lrs", type=float, nargs="+", default=list(d.lrs), metavar="LR",
                       help=f"step-volatility: learning rates (default {' '.join(map(str, d.lrs))}; 0 = the no-change "
                       "control)")
@@ -62,13 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "time) instead of fresh weights")
     step.add_argument("--cache-dir", default=None, help="depth: warm-start cache (default $MOESTAB_CACHE or "
                       "~/.cache/moestab)")
-    parser.add_argument("--out", type=Path, default=None, help="save the result as a probe folder (the dashboard's "
+    parser.add_argument("--out", type=_folder, default=None, help="save the result as a probe folder (the dashboard's "
                         "Probes page reads these)")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the result as JSON to FILE ('-' = stdout)")
-    parser.add_argument("--csv", metavar="DIR", type=Path, default=None, help="write one CSV per table to DIR")
-    parser.add_argument("--plots", metavar="DIR", type=Path, default=None, help="write PNG figures to DIR")
+    parser.add_argument("--json", metavar="FILE", type=_json_target, default=None,
+                        help="write the result as JSON to FILE ('-' = stdout)")
+    parser.add_argument("--csv", metavar="DIR", type=_folder, default=None, help="write one CSV per table to DIR")
+    parser.add_argument("--plots", metavar="DIR", type=_folder, default=None, help="write PNG figures to DIR")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, 1 to 4096 (default: torch's "
+                        "choice)")
 
 
 def _check_out(path: Path | None, what: str) -> None:
@@ -85,11 +101,14 @@ def run(args: argparse.Namespace) -> int:
     from moestab.probes.plots import plot_probe
     from moestab.probes.runner import ProbeSettings, get_probe, run_probe, select_checkpoints
     from moestab.probes.suites import GENERAL, load_suite
+    from moestab.text import MESSAGE_LIMIT, clip, shown
+    from moestab.train.config import MAX_THREADS
 
     try:
         probe = get_probe(args.probe)
-        if args.threads is not None and args.threads < 1:
-            raise ProbeError(f"--threads must be >= 1, got {args.threads}")
+        if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+            rule = ">= 1" if args.threads < 1 else f"at most {MAX_THREADS:,} (more than any machine's cores)"
+            raise ProbeError(f"--threads must be {rule}, got {shown(args.threads)}")
         settings = ProbeSettings(dtype=args.dtype, other_dtype=args.other_dtype, device=args.device,
                                  batch_size=args.batch_size, max_tokens=args.max_tokens, reference=args.reference,
                                  task=args.task, algo=args.algo, prompts=args.prompts, group_size=args.group_size,
@@ -103,19 +122,21 @@ def run(args: argparse.Namespace) -> int:
         checkpoints = select_checkpoints(args.probe, [resolve_checkpoints([c]) for c in args.checkpoints])
         suite = None
         if probe.own_suite is None:
-            suite = load_suite(args.suite or GENERAL, args.count)
+            suite = load_suite(GENERAL if args.suite is None else args.suite, args.count)
         elif args.suite is not None or args.count is not None:
             raise ProbeError(f"{args.probe} takes no --suite or --count: it runs RL steps on --task's prompts "
                              "(--prompts sets how many)")
         for path, what in ((args.out, "--out"), (args.csv, "--csv"), (args.plots, "--plots")):
             _check_out(path, what)
+        if args.json not in (None, "-") and Path(args.json).is_dir():
+            raise ProbeError(f"--json {args.json} is a folder; give a file, or '-' for stdout")
         if args.threads is not None:  # the process's environment is the command's to set, not the library's
             import torch
 
             torch.set_num_threads(args.threads)
         result: ProbeResult = run_probe(args.probe, checkpoints, suite, settings)
     except ProbeError as exc:
-        print(f"moestab probe: error: {exc}", file=sys.stderr)
+        print(f"moestab probe: error: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
     on = ", ".join(c.label for c in checkpoints) or "its own policies"
     manifest = result.suite

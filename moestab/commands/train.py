@@ -28,13 +28,15 @@ def run(args: argparse.Namespace) -> int:
     from moestab.records.run_info import read_run_info
     from moestab.routing import RoutingError
     from moestab.tasks import TaskError
+    from moestab.text import MESSAGE_LIMIT, clip
     from moestab.train import TrainConfig, TrainingError, train
     from moestab.train.distributed import world_from_env
+    from moestab.train.interrupt import exit_status
 
     hf_logging.disable_progress_bar()  # per-checkpoint load/save bars would drown the training bar
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "config")}
     try:
-        layers = [load_yaml(args.config) if args.config else {}, flags]
+        layers = [load_yaml(args.config) if args.config is not None else {}, flags]
         config = build_config(TrainConfig, *layers)  # the flags alone must be valid
         if config.resume:  # a run is resumed with its own settings; flags may change only the resumable ones
             try:
@@ -45,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         if config.nproc > 1 and world_from_env().size == 1:  # start the processes; each runs this command
             from moestab.train.launch import launch
 
-            code = launch(config)
-            if code:
+            code, ended_cleanly = launch(config)
+            if not ended_cleanly:
                 print(f"moestab train: error: the {config.nproc} training processes failed (torchrun exit status "
                       f"{code}); the first failure is printed above, and {config.run_dir}/run.json records it "
                       "when rank 0 could write it", file=sys.stderr)
@@ -61,18 +63,19 @@ def run(args: argparse.Namespace) -> int:
         rank = world_from_env().rank
         if rank and getattr(exc, "said_by_rank_0", False):  # rank 0's refusal, raised on every rank: said once
             return 2
-        print(f"moestab train{f' (rank {rank})' if rank else ''}: error: {exc}", file=sys.stderr)
+        print(f"moestab train{f' (rank {rank})' if rank else ''}: error: {clip(str(exc), MESSAGE_LIMIT)}",
+              file=sys.stderr)
         cause = exc.__cause__
         if isinstance(exc, TrainingError) and cause is not None and not isinstance(cause, OSError | RunError):
             print("moestab train: the error was raised here:", file=sys.stderr)
             traceback.print_exception(cause, file=sys.stderr)
         return 2
     if world_from_env().rank:
-        return 0 if result.status in ("finished", "interrupted") else 1
+        return exit_status(result.status, result.stop_signal)
     start = f"{result.start_accuracy:.1%}" if result.start_accuracy is not None else "n/a"
     final = f"{result.final_accuracy:.1%}" if result.final_accuracy is not None else "n/a"
     print(f"\nrun {result.status} at step {result.last_step}: {result.run_dir}")
     print(f"eval accuracy: start {start} -> final {final}")
     print(f"analyze:   moestab analyze {result.run_dir}")
     print(f"dashboard: moestab dashboard {result.run_dir.parent}")
-    return 0 if result.status in ("finished", "interrupted") else 1
+    return exit_status(result.status, result.stop_signal)  # 130 / 143 when a signal stopped it

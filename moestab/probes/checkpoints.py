@@ -11,10 +11,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from moestab.probes.errors import ProbeError
 from moestab.records import schema
-from moestab.records.reader import list_checkpoints
+from moestab.records.errors import RunError, SchemaVersionError
+from moestab.records.reader import list_checkpoints, read_run_info
 from moestab.routing import find_routers
 from moestab.routing.compat import check_generate_recording
 from moestab.routing.errors import IncompatibleTransformersError, NotAnMoEModelError
+from moestab.text import ECHO_LIMIT, clip
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,19 +40,36 @@ def resolve_checkpoints(paths: Sequence[str | Path]) -> list[Checkpoint]:
         path = Path(raw)
         if not path.exists():
             raise ProbeError(f"{path} does not exist; give a moestab run folder or a Hugging Face model folder")
-        if (path / schema.RUN_JSON).is_file():
+        run_json = (path / schema.RUN_JSON).is_file()
+        foreign = _foreign_run_json(path) if run_json else None
+        if run_json and foreign is None:
             steps = list_checkpoints(path)
             if steps.empty:
                 raise ProbeError(f"{path} is a run folder without checkpoints "
                                  f"(nothing under {schema.CHECKPOINTS_DIR}/)")
             out += [Checkpoint(f"{path.name}@{step}", Path(p), run=path)
                     for step, p in zip(steps["step"], steps["path"], strict=True)]
-        elif (path / "config.json").is_file():
+        elif (path / "config.json").is_file():  # a model folder, beside another tool's run.json too
             out.append(Checkpoint(path.name, path))
+        elif foreign is not None:
+            raise ProbeError(f"{path} is not a moestab run folder: its {schema.RUN_JSON} is not moestab's ({foreign}); "
+                             "give a moestab run folder or a Hugging Face model folder")
         else:
             raise ProbeError(f"{path} is neither a moestab run folder (no {schema.RUN_JSON}) nor a Hugging Face "
                              "model folder (no config.json)")
     return out
+
+
+def _foreign_run_json(path: Path) -> str | None:
+    """Why ``path``'s run.json is not a moestab run's, e.g. another tool's; ``None`` when it is one (an older or newer
+    schema too: the probes read its checkpoints all the same)."""
+    try:
+        read_run_info(path)
+    except SchemaVersionError:
+        return None
+    except RunError as exc:
+        return clip(str(exc), 2 * ECHO_LIMIT)
+    return None
 
 
 def check_dtype(name: str) -> torch.dtype:
@@ -67,8 +86,11 @@ def load_checkpoint(
     try:
         model = AutoModelForCausalLM.from_pretrained(checkpoint.path, dtype=torch_dtype).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
-    except (OSError, ValueError) as exc:
-        raise ProbeError(f"{checkpoint.path}: cannot load the model and tokenizer: {exc}") from None
+    except Exception as exc:  # transformers / safetensors raise many types for a damaged folder (as train's loader)
+        weights = sorted(p.name for p in checkpoint.path.glob("*.safetensors")) if checkpoint.path.is_dir() else []
+        files = f" (weights: {', '.join(weights)})" if weights else ""
+        raise ProbeError(f"{checkpoint.path}: cannot load the model and tokenizer{files}: {type(exc).__name__}: "
+                         f"{clip(str(exc), 2 * ECHO_LIMIT)}") from exc
     try:
         find_routers(model)
     except NotAnMoEModelError as exc:

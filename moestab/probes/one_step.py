@@ -26,6 +26,7 @@ from moestab.probes.errors import ProbeError
 from moestab.probes.suites import TASK_PREFIX, ProbeSuite
 from moestab.records.reader import read_run_info
 from moestab.tasks import DEFAULT_TASK, Example, Task, task_from_spec
+from moestab.text import shown
 from moestab.train.config import TrainConfig
 from moestab.train.loop import response_budget, step_settings
 from moestab.train.optim import build_optimizer
@@ -93,7 +94,7 @@ def probe_task(spec: str | None, checkpoints: Sequence[Checkpoint]) -> Task:
     try:
         return task_from_spec(spec)
     except ValueError as exc:
-        raise ProbeError(f"task {spec!r}: {exc}") from None
+        raise ProbeError(f"task {shown(spec)}: {exc}") from None
 
 
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, recipe: StepRecipe, label: str) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from moestab.configs import ConfigError, folder_problem
 from moestab.probes.checkpoints import Checkpoint, check_dtype, check_same_architecture, load_checkpoint
 from moestab.probes.collect import collect
 from moestab.probes.compare import Comparison, compare_records
@@ -24,7 +25,8 @@ from moestab.probes.one_step import StepRecipe, prepare_tokenizer, probe_task
 from moestab.probes.saturation import saturation
 from moestab.probes.step_volatility import step_volatility
 from moestab.probes.suites import SUITE_FORMS, ProbeSuite
-from moestab.train.config import TrainConfig
+from moestab.text import shown
+from moestab.train.config import MAX_NEW_TOKENS, TrainConfig, check_seed, divisors_text
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,10 @@ class ProbeSettings:
     """Step probes: samples per prompt."""
     seed: int = 0
     """Step probes: the step is ``moestab train``'s step 1 with this seed (prompts, sampling, minibatch split); depth:
-    also the seed of the policies' initialisation."""
+    also the seed of the policies' initialisation. 0 <= seed < 2**63, as ``moestab train``'s."""
     max_new_tokens: int | None = None
-    """Step probes: response cap (default: the task's longest answer plus end-of-sequence)."""
+    """Step probes: response cap, 1 to 65,536 as ``moestab train``'s (default: the task's longest answer plus
+    end-of-sequence)."""
     lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
     """step-volatility only: learning rates, each a step from the same weights (0 allowed: the no-change control)."""
     minibatch_counts: tuple[int, ...] = (1, 2, 4)
@@ -69,7 +72,8 @@ class ProbeSettings:
     """depth only: start from ``moestab train``'s supervised warm start of each variant (cached; minutes per deep
     variant the first time) instead of fresh weights with ``seed``."""
     cache_dir: str | None = None
-    """depth only: warm-start cache (default: $MOESTAB_CACHE or ~/.cache/moestab, as ``moestab train``)."""
+    """depth only: warm-start cache folder, created if missing (default: $MOESTAB_CACHE or ~/.cache/moestab, as
+    ``moestab train``)."""
     progress: bool = False
 
     def check(self) -> None:
@@ -87,13 +91,23 @@ class ProbeSettings:
         from moestab.rl import PRESETS
 
         if self.algo not in PRESETS:
-            raise ProbeError(f"algo {self.algo!r} is not valid; valid: {', '.join(PRESETS)}")
-        for name, low in (("prompts", 1), ("group_size", 2), ("seed", 0)):
+            raise ProbeError(f"algo {shown(self.algo)} is not valid; valid: {', '.join(PRESETS)}")
+        for name, low in (("prompts", 1), ("group_size", 2)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ProbeError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
-            raise ProbeError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+                raise ProbeError(f"{name} must be an integer >= {low}, got {shown(value)}")
+        try:
+            check_seed("seed", self.seed)
+        except ConfigError as exc:
+            raise ProbeError(str(exc)) from None
+        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int)
+                                                or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS):
+            raise ProbeError(f"max_new_tokens must be an integer 1 to {MAX_NEW_TOKENS:,} (as moestab train's), got "
+                             f"{shown(self.max_new_tokens)}")
+        if self.cache_dir is not None:
+            problem = folder_problem(self.cache_dir) if self.cache_dir.strip() else "the value is empty"
+            if problem:
+                raise ProbeError(f"cache_dir: {problem}; give a folder (it is created if missing)")
         if not self.lrs:
             raise ProbeError("lrs: give at least one learning rate; valid: finite numbers >= 0")
         for name, values in (("lrs", self.lrs), ("lr", (self.lr,))):
@@ -102,12 +116,11 @@ class ProbeSettings:
             if bad:
                 raise ProbeError(f"{name} {bad} are not valid; valid: finite numbers >= 0 (0: the no-change control)")
         batch = self.prompts * self.group_size
-        valid = [d for d in range(1, batch + 1) if batch % d == 0]
-        bad = [n for n in self.minibatch_counts if isinstance(n, bool) or not isinstance(n, int) or n not in valid]
+        bad = [n for n in self.minibatch_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1 or batch % n]
         if bad or not self.minibatch_counts:
-            raise ProbeError(f"minibatch_counts {bad or '(none)'} are not valid: each must divide the rollout batch of "
-                             f"{batch} sequences (prompts x group_size = {self.prompts} x {self.group_size}); valid: "
-                             f"{', '.join(map(str, valid))}")
+            raise ProbeError(f"minibatch_counts {shown(bad) if bad else '(none)'} are not valid: each must divide the "
+                             f"rollout batch of {batch} sequences (prompts x group_size = {self.prompts} x "
+                             f"{self.group_size}); valid: {divisors_text(batch)}")
         for name, values in (("lrs", self.lrs), ("minibatch_counts", self.minibatch_counts)):
             if len(set(values)) != len(values):
                 raise ProbeError(f"{name} {list(values)} repeat a value; give each once")

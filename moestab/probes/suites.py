@@ -22,6 +22,7 @@ from pathlib import Path
 
 from moestab.charset import CHARSET
 from moestab.probes.errors import ProbeError
+from moestab.text import UserFileError, clip, read_user_text, shown
 
 GENERAL = "general"
 TASK_PREFIX = "task:"
@@ -96,20 +97,22 @@ def task_suite(spec: str, count: int = 256) -> ProbeSuite:
 def jsonl_suite(path: str | Path) -> ProbeSuite:
     """Texts of a JSON-lines file, one ``{"text": "..."}`` object per line (blank lines skipped)."""
     path = Path(path)
-    if not path.is_file():
-        raise ProbeError(f"suite file {path} does not exist; valid suites: {SUITE_FORMS}")
+    try:
+        text = read_user_text(path, what="suite file", expected=f"valid suites: {SUITE_FORMS}")
+    except UserFileError as exc:
+        raise ProbeError(str(exc)) from exc
     texts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ProbeError(f"{path}:{number}: not valid JSON ({exc.msg}); each line must be "
+            raise ProbeError(f"{path}:{number}: not valid JSON ({clip(exc.msg)}); each line must be "
                              '{"text": "..."}') from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"]:
             raise ProbeError(f"{path}:{number}: each line must be an object with a non-empty string 'text', "
-                             f"got {line[:80]!r}")
+                             f"got {shown(line)}")
         texts.append(row["text"])
     if not texts:
         raise ProbeError(f"{path}: the suite is empty; it needs at least one {{\"text\": ...}} line")
@@ -134,13 +137,15 @@ def write_suites(suites: list[ProbeSuite], folder: str | Path) -> Path:
 
 def load_suite(spec: str, count: int | None = None) -> ProbeSuite:
     """The suite ``spec`` names (see the module docstring), cut to its first ``count`` texts."""
+    if not spec.strip():
+        raise ProbeError(f"--suite is empty; valid suites: {SUITE_FORMS}")
     if spec == GENERAL:
         return general_suite(count or 256)
     if spec.startswith(TASK_PREFIX):
         try:
             return task_suite(spec[len(TASK_PREFIX):], count or 256)
         except ValueError as exc:
-            raise ProbeError(f"suite {spec!r}: {exc}") from None
+            raise ProbeError(f"suite {shown(spec)}: {exc}") from None
     if spec.endswith(".jsonl") or Path(spec).exists():
         return jsonl_suite(spec).head(count)
-    raise ProbeError(f"unknown suite {spec!r}; valid suites: {SUITE_FORMS}")
+    raise ProbeError(f"unknown suite {shown(spec)}; valid suites: {SUITE_FORMS}")

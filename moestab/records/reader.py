@@ -49,7 +49,8 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.Da
     ``experts/load``) stay as Python lists in object columns. A line that is not a JSON object with
     an integer ``step`` (e.g. the torn last line of a running run) goes to ``skipped`` (raises
     :class:`RunFileError` naming the line when ``skipped`` is ``None``); when a step appears twice (a
-    resumed run) the last line wins. Raises :class:`RunFileError` if the file is missing or unreadable.
+    damaged run, :func:`metrics_step_problem`) the last line wins. Raises :class:`RunFileError` if the
+    file is missing or unreadable.
     """
     path = Path(run) / schema.METRICS_JSONL
     try:
@@ -77,6 +78,37 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.Da
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     return frame.reset_index(drop=True)
+
+
+def metrics_step_problem(run: str | Path) -> str | None:
+    """What is wrong with the order of metrics.jsonl's steps, or ``None`` when each line's step is above the one
+    before (or the file is missing or unreadable: :func:`load_metrics` says so).
+
+    One writer appends its steps in order, and ``--resume`` first drops the lines after its checkpoint, so a step
+    that repeats or goes back means two writers (or joined files) mixed their records: the run is
+    ``schema.STATUS_DAMAGED`` whatever run.json says. Lines that are not JSON objects with an integer ``step`` are
+    left out here (:func:`load_metrics` reports them).
+    """
+    path = Path(run) / schema.METRICS_JSONL
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    last: tuple[int, int] | None = None  # (line, step) of the previous step
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            continue
+        if last is not None and step <= last[1]:
+            how = "repeats" if step == last[1] else "goes back"
+            return (f"{path}: the step {how}: line {number} is step {step}, after step {last[1]} on line {last[0]}; "
+                    "two writers (or joined files) mixed their records, so the run's numbers cannot be trusted")
+        last = (number, step)
+    return None
 
 
 def load_runs_metrics(runs: Iterable[str | Path], skipped: list[Skipped] | None = None) -> pd.DataFrame:
@@ -368,6 +400,7 @@ __all__ += [
     "load_runs_metrics",
     "load_tokens",
     "margin_array",
+    "metrics_step_problem",
     "open_token_file",
     "read_routes",
     "route_array",

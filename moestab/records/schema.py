@@ -22,6 +22,7 @@ TOKENS_DIR = "tokens"  # per-token Parquet tables, one file per step
 CHECKPOINTS_DIR = "checkpoints"  # Hugging Face folders step_XXXXXX/
 STATE_DIR = "state"  # optimizer / RNG state for --resume
 TENSORBOARD_DIR = "tensorboard"  # event files of --report-to tensorboard (W&B writes wandb/ beside it)
+LOCK_FILE = ".moestab.lock"  # held by the process writing the run (records/lock.py); absent when none is
 
 # run.json "status" values.
 STATUS_RUNNING = "running"
@@ -31,6 +32,8 @@ STATUS_INTERRUPTED = "interrupted"
 STATUSES = (STATUS_RUNNING, STATUS_FINISHED, STATUS_FAILED, STATUS_INTERRUPTED)
 # Never written: what readers report for a "running" run whose writer died (SIGKILL, power loss).
 STATUS_STOPPED = "stopped"
+# Never written: what readers report for a run whose metrics.jsonl steps repeat or go back (two writers mixed it).
+STATUS_DAMAGED = "damaged"
 
 # Routing Replay modes (config ``routing_replay``) and the papers' names for them.
 REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")

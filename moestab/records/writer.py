@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moestab.records import schema
+from moestab.records.lock import folder_contents
 from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info, this_writer
 
 HEARTBEAT_S = 60.0
@@ -44,6 +45,12 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
     for path in removed:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return removed
+
+
+def clear_run_folder(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` but its lock file, which the writer that starts over there holds."""
+    for path in folder_contents(run_dir):
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 class RunWriter:

@@ -15,6 +15,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any
 
 from moestab.tasks.errors import TaskSpecError
+from moestab.text import shown
 
 _PARAM_KEY = "moestab.tasks.param"
 
@@ -86,7 +87,7 @@ def resolve_params(task: Any) -> None:
             value = spec.info.parse(raw)
         except (ValueError, TypeError) as exc:
             raise TaskSpecError(
-                f"task {task.name!r}: invalid {spec.name}={raw!r}: {exc}; valid: {spec.info.valid}"
+                f"task {task.name!r}: invalid {spec.name}={shown(raw)}: {exc}; valid: {spec.info.valid}"
             ) from None
         object.__setattr__(task, spec.name, value)
 
@@ -106,7 +107,7 @@ def integer(lo: int, hi: int) -> Callable[[Any], int]:
     def parse(raw: Any) -> int:
         value = _to_int(raw)
         if not lo <= value <= hi:
-            raise ValueError(f"{value} is out of range")
+            raise ValueError(f"{shown(value)} is out of range")
         return value
 
     return parse
@@ -119,9 +120,9 @@ def integer_range(lo: int, hi: int) -> Callable[[Any], tuple[int, int]]:
     """
 
     def parse(raw: Any) -> tuple[int, int]:
-        if isinstance(raw, str) and "-" in raw.strip():
-            low_text, _, high_text = raw.strip().partition("-")
-            pair = (_to_int(low_text), _to_int(high_text))
+        cut = raw.strip().find("-", 1) if isinstance(raw, str) else -1  # a leading '-' is a sign: "-3" is one value
+        if cut > 0:
+            pair = (_to_int(raw.strip()[:cut]), _to_int(raw.strip()[cut + 1 :]))
         elif isinstance(raw, (tuple, list)):
             if len(raw) != 2:
                 raise ValueError(f"a range has 2 ends, got {len(raw)} values")
@@ -130,7 +131,7 @@ def integer_range(lo: int, hi: int) -> Callable[[Any], tuple[int, int]]:
             value = _to_int(raw)
             pair = (value, value)
         if pair[0] > pair[1]:
-            raise ValueError(f"range {pair[0]}-{pair[1]} is empty (low > high)")
+            raise ValueError(f"range {shown(pair[0])}-{shown(pair[1])} is empty (low > high)")
         if pair[0] < lo or pair[1] > hi:
             raise ValueError("out of range")
         return pair
@@ -210,5 +211,5 @@ def _to_int(raw: Any) -> int:
         try:
             return int(raw.strip())
         except ValueError:
-            raise ValueError(f"{raw.strip()!r} is not an integer") from None
+            raise ValueError(f"{shown(raw.strip())} is not an integer") from None
     raise ValueError(f"expected an integer, got {type(raw).__name__}")

@@ -17,6 +17,7 @@ from moestab.tasks.params import ParamInfo, ParamSpec, declared_params, nonempty
 from moestab.tasks.spec import parse_task_spec
 from moestab.tasks.symbols import ReverseTask, SortTask
 from moestab.tasks.user_reward import TARGET_FORMS, UserRewardTask
+from moestab.text import shown
 
 TASKS: MappingProxyType[str, type[Task]] = MappingProxyType(
     {cls.name: cls for cls in (ArithmeticTask, ReverseTask, SortTask, JsonlTask)}
@@ -49,7 +50,7 @@ def make_task(name: str, **params: Any) -> Task:
     unknown = [key for key in params if key not in names]
     if unknown:
         raise TaskSpecError(
-            f"task {name!r} has no parameter {', '.join(map(repr, unknown))}; valid parameters: "
+            f"task {name!r} has no parameter {', '.join(map(shown, unknown))}; valid parameters: "
             + ", ".join(spec.describe() for spec in accepted)
         )
     missing = [spec for spec in accepted if spec.required and spec.name not in params]
@@ -65,7 +66,7 @@ def make_task(name: str, **params: Any) -> Task:
     try:
         function = nonempty_text(reward)
     except ValueError as exc:
-        raise TaskSpecError(f"task {name!r}: invalid reward={reward!r}: {exc}; valid: {TARGET_FORMS}") from None
+        raise TaskSpecError(f"task {name!r}: invalid reward={shown(reward)}: {exc}; valid: {TARGET_FORMS}") from None
     return UserRewardTask(task, function)
 
 
@@ -91,5 +92,5 @@ def describe_tasks() -> str:
 
 def _task_class(name: str) -> type[Task]:
     if name not in TASKS:
-        raise TaskSpecError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+        raise TaskSpecError(f"unknown task {shown(name)}; valid tasks: {', '.join(TASKS)}")
     return TASKS[name]

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 
 from moestab.tasks.errors import TaskSpecError
+from moestab.text import shown
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GRAMMAR = "NAME or NAME:KEY=VALUE[,KEY=VALUE...], e.g. 'reverse:length=6'"
@@ -39,24 +40,26 @@ def parse_spec(spec: str, kind: str, grammar: str) -> tuple[str, dict[str, str]]
     name, colon, rest = spec.partition(":")
     name = name.strip()
     if not _IDENTIFIER.fullmatch(name):
-        what = "is empty" if not name else f"has an invalid task name {name!r}"
-        raise TaskSpecError(f"{kind} spec {spec!r} {what}; expected {grammar}")
+        what = "is empty" if not name else f"has an invalid task name {shown(name)}"
+        raise TaskSpecError(f"{kind} spec {shown(spec)} {what}; expected {grammar}")
     params: dict[str, str] = {}
     if not colon:
         return name, params
     if not rest.strip():
-        raise TaskSpecError(f"{kind} spec {spec!r} has ':' but no parameters; expected {grammar}")
+        raise TaskSpecError(f"{kind} spec {shown(spec)} has ':' but no parameters; expected {grammar}")
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not eq:
-            raise TaskSpecError(f"{kind} spec {spec!r}: parameter {item.strip()!r} has no '='; expected KEY=VALUE")
+            raise TaskSpecError(f"{kind} spec {shown(spec)}: parameter {shown(item.strip())} has no '='; expected "
+                                "KEY=VALUE")
         if not _IDENTIFIER.fullmatch(key):
-            raise TaskSpecError(f"{kind} spec {spec!r}: invalid parameter name {key!r} in {item.strip()!r}")
+            raise TaskSpecError(f"{kind} spec {shown(spec)}: invalid parameter name {shown(key)} in "
+                                f"{shown(item.strip())}")
         if not value:
-            raise TaskSpecError(f"{kind} spec {spec!r}: parameter {key!r} has an empty value")
+            raise TaskSpecError(f"{kind} spec {shown(spec)}: parameter {key!r} has an empty value")
         if key in params:
-            raise TaskSpecError(f"{kind} spec {spec!r}: parameter {key!r} is given twice")
+            raise TaskSpecError(f"{kind} spec {shown(spec)}: parameter {key!r} is given twice")
         params[key] = value
     return name, params
 

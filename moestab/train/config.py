@@ -6,9 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from moestab.configs import ConfigError
+from moestab.configs import ConfigError, folder_problem
 from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.records.schema import GATE_REPLAY_MODES, REPLAY_MODES
+from moestab.text import shown
 
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 """``--rollout-engine`` values (moestab.train.engine.engine_factory builds them)."""
@@ -18,6 +19,14 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
+MAX_STEPS = 10**7
+"""Most RL steps a run may plan (TrainConfig.steps)."""
+MAX_THREADS = 4096
+"""Most torch CPU threads (TrainConfig.threads, the probes' --threads): more than any machine's cores."""
+MAX_NEW_TOKENS = 65_536
+"""Longest response cap (TrainConfig.max_new_tokens, the step probes' max_new_tokens)."""
+SEED_LIMIT = 2**63
+"""Seeds are integers 0 <= seed < SEED_LIMIT: what torch.manual_seed and its generators take."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,8 @@ class TrainConfig:
     task: str = "arithmetic"
     """Task spec, e.g. 'arithmetic', 'reverse:length=6', 'jsonl:path=data.jsonl,match=numeric' (docs/tasks.md)."""
     steps: int = 60
-    """RL steps (one rollout batch each)."""
+    """RL steps (one rollout batch each), 1 to 10,000,000 (more than any run finishes: a larger number is a typo,
+    and it is recorded as the run's plan)."""
     prompts_per_step: int = 32
     """Prompts sampled per step."""
     group_size: int = 8
@@ -54,7 +64,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold."""
     max_new_tokens: int | None = None
-    """Response length cap; default: the task's longest answer plus the end-of-sequence token."""
+    """Response length cap, 1 to 65,536 (far beyond a response an RL step on one machine trains on: a larger value is a
+    typo; the embedded models hold 512 positions); default: the task's longest answer plus the end-of-sequence
+    token."""
     temperature: float = 1.0
     """Sampling temperature of the rollout engine (the trainer scales logits the same way)."""
     clip_low: float | None = None
@@ -82,9 +94,11 @@ class TrainConfig:
     gamma_min: float | None = None
     """RSPO only: floor of the router-shift weight, in [0, 1]; default: the rspo preset's (0.1, moestab's choice)."""
     seed: int = 0
-    """Seed of everything: initialisation, prompts, sampling, minibatch order."""
+    """Seed of everything: initialisation, prompts, sampling, minibatch order; 0 <= seed < 2**63 (what torch's
+    random generators take)."""
     out: str | None = None
-    """Run folder; default runs/<algo>-<routing_replay>-seed<seed>."""
+    """Run folder; default runs/<algo>-<routing_replay>-seed<seed> (an empty value is refused: give a folder, or leave
+    the field out)."""
     save_every: int = 20
     """Checkpoint every N steps (and at the end)."""
     resume: str | None = None
@@ -124,10 +138,11 @@ class TrainConfig:
     warm_start_max_steps: int = 1500
     """Embedded model only: cap on supervised warm-start steps."""
     cache_dir: str | None = None
-    """Where warm-started base models are cached; default $MOESTAB_CACHE or ~/.cache/moestab."""
+    """Folder where warm-started base models are cached (created if missing; a file there is refused); default
+    $MOESTAB_CACHE or ~/.cache/moestab."""
     threads: int | None = None
-    """torch CPU threads, set by `moestab train` before training (default: torch's choice). The library's train()
-    leaves the process's thread count to its caller."""
+    """torch CPU threads, 1 to 4,096, set by `moestab train` before training (default: torch's choice). The library's
+    train() leaves the process's thread count to its caller."""
     progress: bool = True
     """Show a progress bar."""
     report_to: tuple[str, ...] = ()
@@ -140,7 +155,8 @@ class TrainConfig:
         from moestab.rl.router_shift import check_gamma_min
 
         if self.algo not in PRESETS:
-            raise ConfigError(f"algo: unknown {self.algo!r}; valid: {', '.join(PRESETS)}")
+            raise ConfigError(f"algo: unknown {shown(self.algo)}; valid: {', '.join(PRESETS)}")
+        self._check_text_fields()
         _choice("routing_replay", self.routing_replay, REPLAY_MODES)
         if is_embedded(self.model):
             try:
@@ -167,12 +183,17 @@ class TrainConfig:
             _at_least("max_new_tokens", self.max_new_tokens, 1)
         if self.threads is not None:
             _at_least("threads", self.threads, 1)
+            _at_most("threads", self.threads, MAX_THREADS, "more than any machine's cores")
         _at_least("nproc", self.nproc, 1)
+        _at_most("steps", self.steps, MAX_STEPS, "more than any run finishes")
+        if self.max_new_tokens is not None:
+            _at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS, "beyond a response an RL step trains on")
+        check_seed("seed", self.seed)
         from moestab.train.trackers import check_trackers  # light: the packages are only looked up
 
         check_trackers(self.report_to)
         if self.prompts_per_step % self.nproc:
-            valid = ", ".join(str(d) for d in range(1, self.prompts_per_step + 1) if self.prompts_per_step % d == 0)
+            valid = divisors_text(self.prompts_per_step)
             raise ConfigError(f"nproc={self.nproc} does not divide prompts_per_step={self.prompts_per_step}: each "
                               f"process rolls out whole groups of an equal share of the prompts; valid: {valid}")
         if self.eval_size < self.nproc:
@@ -180,7 +201,7 @@ class TrainConfig:
                               f"share of the eval set; use eval_size >= {self.nproc}")
         batch = self.prompts_per_step * self.group_size
         if batch % self.minibatches:
-            valid = ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
+            valid = divisors_text(batch)
             raise ConfigError(
                 f"minibatches={self.minibatches} does not divide the rollout batch of {batch} sequences "
                 f"(prompts_per_step*group_size = {self.prompts_per_step}*{self.group_size}); valid: {valid}"
@@ -213,6 +234,19 @@ class TrainConfig:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
 
+    def _check_text_fields(self) -> None:
+        """An empty text field is a mistake (an unset variable in a script), never the default: say what it takes."""
+        needs = {"out": "a folder (or leave out --out for runs/<algo>-<routing_replay>-seed<seed>)",
+                 "resume": "the run folder to continue", "cache_dir": "a folder (or leave out --cache-dir)",
+                 "model": "'embedded', a variant such as 'embedded:layers=8' or a checkpoint folder",
+                 "task": "a task spec such as 'arithmetic'"}
+        for name, what in needs.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise ConfigError(f"{name} is empty; give {what}")
+        if self.cache_dir is not None and (problem := folder_problem(self.cache_dir)):
+            raise ConfigError(f"cache_dir: {problem}; give a folder (it is created if missing)")
+
     def resolved_preset(self) -> AlgorithmPreset:
         """The algorithm preset with this config's overrides (clip range, kl_coef, gamma_min) applied."""
         from dataclasses import replace
@@ -238,16 +272,40 @@ class TrainConfig:
         return self.resume or self.out or f"runs/{self.algo}-{self.routing_replay}-seed{self.seed}"
 
 
+def check_seed(name: str, seed: int) -> None:
+    """:class:`ConfigError` unless ``seed`` is an integer ``0 <= seed < 2**63`` (what torch's generators take)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"{name} must be an integer 0 <= {name} < 2**63 (what torch's random generators take), "
+                          f"got {shown(seed)}")
+
+
+def divisors_text(n: int, shown_at_most: int = 24) -> str:
+    """The divisors of ``n`` as 'a, b, c' for an error (the first and last ones when there are many)."""
+    if n > 10**12:  # the search takes sqrt(n) steps
+        return f"the divisors of {n}"
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = small + [n // d for d in reversed(small) if d * d != n]
+    if len(found) > shown_at_most:
+        half = shown_at_most // 2
+        return ", ".join(map(str, found[:half])) + ", ..., " + ", ".join(map(str, found[-half:]))
+    return ", ".join(map(str, found))
+
+
 def _finite(name: str, value: float, rule: str, ok) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
-        raise ConfigError(f"{name} must be a finite number {rule}, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number {rule}, got {shown(value)}")
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
-        raise ConfigError(f"{name}: unknown {value!r}; valid: {', '.join(valid)}")
+        raise ConfigError(f"{name}: unknown {shown(value)}; valid: {', '.join(valid)}")
 
 
 def _at_least(name: str, value: int, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise ConfigError(f"{name} must be an integer >= {low}, got {shown(value)}")
+
+
+def _at_most(name: str, value: int, high: int, why: str) -> None:
+    if value > high:
+        raise ConfigError(f"{name} must be at most {high:,} ({why}), got {shown(value)}")

@@ -6,7 +6,21 @@ import signal
 import threading
 from types import FrameType
 
+from moestab.records import schema
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def exit_status(status: str, signum: int) -> int:
+    """``moestab train``'s exit status for a run that ended ``status`` (run.json): 0 ``finished``; ``interrupted``:
+    128 + the number of the signal that stopped it, as a shell reports a process a signal ended (130 SIGINT, 143
+    SIGTERM; 130 for a process of a multi-process run stopped because another one was signalled), so a script
+    tells a stopped run from a finished one; 1 otherwise."""
+    if status == schema.STATUS_FINISHED:
+        return 0
+    if status == schema.STATUS_INTERRUPTED:
+        return 128 + (signum or signal.SIGINT)
+    return 1
 
 
 class GracefulInterrupt:
@@ -16,6 +30,7 @@ class GracefulInterrupt:
     def __init__(self) -> None:
         self.requested = False
         self.signal_name = ""
+        self.signum = 0  # the signal's number, once one came
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulInterrupt:
@@ -33,3 +48,4 @@ class GracefulInterrupt:
             raise KeyboardInterrupt
         self.requested = True
         self.signal_name = signal.Signals(signum).name
+        self.signum = signum

@@ -21,6 +21,7 @@ from moestab.records import schema
 from moestab.records.errors import RunError
 from moestab.records.run_info import read_run_info
 from moestab.train.config import TrainConfig
+from moestab.train.interrupt import exit_status
 from moestab.train.loop import prepare_run_folder
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
@@ -43,9 +44,10 @@ def worker_environment(config: TrainConfig) -> dict[str, str]:
     return env
 
 
-def launch(config: TrainConfig) -> int:
-    """Run ``config`` in ``config.nproc`` processes; returns torchrun's exit status, or 0 when a forwarded Ctrl-C /
-    SIGTERM stopped the run cleanly (torchrun exits non-zero after forwarding a signal, even when rank 0 saved).
+def launch(config: TrainConfig) -> tuple[int, bool]:
+    """Run ``config`` in ``config.nproc`` processes; returns ``(exit status, whether the run ended cleanly)``: 0 when
+    it finished, 130 / 143 (:func:`~moestab.train.interrupt.exit_status`) when a forwarded Ctrl-C / SIGTERM stopped it
+    cleanly (torchrun exits non-zero after forwarding a signal, even when rank 0 saved), else torchrun's status.
 
     Ctrl-C and SIGTERM reach the processes once, through torchrun (its own session, so a terminal's Ctrl-C is not
     delivered twice): each finishes its step, rank 0 saves and marks the run ``interrupted``. When a process dies,
@@ -71,16 +73,20 @@ def launch(config: TrainConfig) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    if code and signalled and _stopped_cleanly_since(Path(config.run_dir), started):
-        return 0
-    return code
+    if code == 0:
+        return 0, True
+    status = _clean_end_since(Path(config.run_dir), started) if signalled else None
+    if status is not None:
+        return exit_status(status, signalled[0]), True
+    return code, False
 
 
-def _stopped_cleanly_since(run_dir: Path, started: float) -> bool:
-    """Whether this launch's run left run.json ``interrupted`` or ``finished`` (a run.json from before is not)."""
+def _clean_end_since(run_dir: Path, started: float) -> str | None:
+    """``interrupted`` or ``finished`` when this launch's run left run.json so (a run.json from before does not
+    count), else ``None``."""
     path = run_dir / schema.RUN_JSON
     try:
-        return path.stat().st_mtime >= started and read_run_info(run_dir).status in (
-            schema.STATUS_FINISHED, schema.STATUS_INTERRUPTED)
+        status = read_run_info(run_dir).status if path.stat().st_mtime >= started else None
     except (OSError, RunError):
-        return False
+        return None
+    return status if status in (schema.STATUS_FINISHED, schema.STATUS_INTERRUPTED) else None

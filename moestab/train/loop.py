@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TypeVar
@@ -16,8 +16,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from moestab.configs import ConfigError, config_to_dict
-from moestab.models import is_embedded, parse_model_spec
+from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
 from moestab.records import schema
+from moestab.records.lock import RunLockedError, run_lock
 from moestab.records.run_info import ModelInfo, read_run_info
 from moestab.records.writer import RunWriter, remove_temporaries
 from moestab.routing import IncompatibleTransformersError, find_routers
@@ -76,6 +77,8 @@ class RunResult:
     last_step: int
     start_accuracy: float | None
     final_accuracy: float | None
+    stop_signal: int = 0
+    """The signal that interrupted the run (``signal.SIGINT`` / ``SIGTERM``); 0 when none reached this process."""
 
 
 def _device(name: str, world: World) -> torch.device:
@@ -95,8 +98,12 @@ def base_policy_path(config: TrainConfig, task: Task, log: Callable[[str], None]
     now or found in the cache), with the warm start's record (``None`` for a given model)."""
     if not is_embedded(config.model):
         return config.model, None
+    model_spec = parse_model_spec(config.model, seed=config.seed)
+    untrained, _ = build_embedded_policy(model_spec)
+    find_routers(untrained)  # this transformers' routing math, then its generate(), before a warm start of minutes
+    _check_recording(untrained)
     spec = WarmStartSpec(
-        model=parse_model_spec(config.model, seed=config.seed),
+        model=model_spec,
         task_spec=task.spec,
         target=config.warm_start_target,
         max_steps=config.warm_start_max_steps,
@@ -221,8 +228,29 @@ def train(
             rollout_engine = engine_factory(config.rollout_engine, device=device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-    with process_group(world, device):
-        return _train(config, world, device, rollout_engine, log if world.is_main else _quiet)
+    with process_group(world, device), ExitStack() as lock:  # the run folder's lock, held by rank 0 to the end
+        return _train(config, world, device, rollout_engine, log if world.is_main else _quiet, lock)
+
+
+@contextmanager
+def _run_folder_lock(config: TrainConfig, log: Callable[[str], None]) -> Iterator[None]:
+    """The run folder's lock (:mod:`moestab.records.lock`); a folder another live process writes is refused, naming
+    it, as is a folder where no lock can be taken."""
+    run_dir = Path(config.run_dir)
+    # A read-only folder is refused as such (prepare_run_folder's check), before the lock creates anything there.
+    if not config.resume:
+        check_writable(run_dir)
+    elif run_dir.is_dir():  # else prepare_resume says it is no run
+        check_writable(run_dir, remedy="copy the run to a writable folder and resume the copy")
+    with ExitStack() as held:
+        try:
+            held.enter_context(run_lock(run_dir, note=lambda message: log(f"lock: {message}")))
+        except RunLockedError as exc:
+            raise TrainingError(str(exc)) from exc
+        except OSError as exc:
+            raise TrainingError(f"cannot lock the run folder {run_dir}: {exc.strerror or exc} ({exc.filename}); "
+                                "choose another run folder") from exc
+        yield
 
 
 def _quiet(message: str) -> None:
@@ -231,7 +259,7 @@ def _quiet(message: str) -> None:
 
 def _train(
     config: TrainConfig, world: World, device: torch.device, rollout_engine: Callable[..., RolloutEngine],
-    log: Callable[[str], None],
+    log: Callable[[str], None], lock: ExitStack,
 ) -> RunResult:
     dtype = DTYPES[config.dtype]
     main = world.is_main
@@ -241,7 +269,13 @@ def _train(
     max_new = response_budget(config, task)
 
     # ---- the run folder: checked (and, for --overwrite, cleared) before any model is loaded ---------
-    start_step, delete_first = _on_main(world, lambda: prepare_run_folder(config, log))
+    def lock_and_check() -> tuple[int, bool]:
+        # Rank 0 writes the run folder: it takes the folder's lock (held in ``lock`` until the run ends, however it
+        # ends) before anything there is read, written or deleted (--overwrite); a refusal is raised on every rank.
+        lock.enter_context(_run_folder_lock(config, log))
+        return prepare_run_folder(config, log)
+
+    start_step, delete_first = _on_main(world, lock_and_check)
     base_path, warm = _on_main(world, lambda: base_policy_path(config, task, log))
     model = _load_policy(str(run_dir / schema.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
@@ -306,7 +340,7 @@ def _train(
 
     start_accuracy = _on_main(world, open_run)
     progress = _progress(config, start_step, enabled=main)
-    step, status, final_accuracy = start_step, schema.STATUS_FINISHED, None
+    step, status, final_accuracy, stop_signal = start_step, schema.STATUS_FINISHED, None, 0
     zero_steps = 0  # consecutive steps whose every advantage was 0
     with GracefulInterrupt() as interrupt, (writer.beating() if main else nullcontext()), ExitStack() as trackers:
         try:
@@ -324,7 +358,7 @@ def _train(
             share = world.block(config.prompts_per_step)  # this rank's prompts: whole groups
             for step in range(start_step + 1, config.steps + 1):
                 if world.any(interrupt.requested):  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
-                    step, status = step - 1, schema.STATUS_INTERRUPTED
+                    step, status, stop_signal = step - 1, schema.STATUS_INTERRUPTED, interrupt.signum
                     log(f"\ninterrupted ({interrupt.signal_name or 'on another rank'}) before step {step + 1}; "
                         f"continue with `moestab train --resume {run_dir}`")
                     break
@@ -366,7 +400,7 @@ def _train(
                     raise NothingToLearnError(_nothing_to_learn(config, step, zero_steps, start_accuracy))
                 if world.any(interrupt.requested):
                     save(step)
-                    status = schema.STATUS_INTERRUPTED
+                    status, stop_signal = schema.STATUS_INTERRUPTED, interrupt.signum
                     log(f"\ninterrupted ({interrupt.signal_name or 'on another rank'}): saved step {step}; "
                         f"continue with `moestab train --resume {run_dir}`")
                     break
@@ -390,7 +424,7 @@ def _train(
             progress.close()
     if main:
         writer.update(status=status, last_step=step, final_accuracy=final_accuracy)
-    return RunResult(run_dir, status, step, start_accuracy, final_accuracy)
+    return RunResult(run_dir, status, step, start_accuracy, final_accuracy, stop_signal)
 
 
 class NothingToLearnError(RuntimeError):

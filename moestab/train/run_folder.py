@@ -16,8 +16,9 @@ from typing import Any
 
 from moestab.records import schema
 from moestab.records.errors import RunError
+from moestab.records.lock import folder_contents
 from moestab.records.run_info import RunInfo, read_run_info
-from moestab.records.writer import remove_temporaries
+from moestab.records.writer import clear_run_folder, remove_temporaries
 from moestab.train.checkpoint import complete_checkpoints
 
 
@@ -33,7 +34,7 @@ _DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota 
                 errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
 
 
-def check_writable(folder: Path) -> None:
+def check_writable(folder: Path, *, remedy: str = "choose a writable --out") -> None:
     """:class:`TrainingError` unless files can be created in ``folder`` (or, if it does not exist yet, in its
     nearest existing parent). Writes and removes a probe file; creates no folder."""
     target = folder
@@ -44,7 +45,7 @@ def check_writable(folder: Path) -> None:
         probe.write_bytes(b"ok")
     except OSError as exc:
         raise TrainingError(f"cannot write to the run folder {folder}: {exc.strerror or exc} ({target}); "
-                            "choose a writable --out") from exc
+                            f"{remedy}") from exc
     finally:
         with contextlib.suppress(OSError):  # a read-only target has no probe to remove
             probe.unlink(missing_ok=True)
@@ -68,7 +69,7 @@ def prepare_new(run_dir: Path, *, overwrite: bool) -> bool:
     except RunError:
         info = None
     if info is None:
-        if any(run_dir.iterdir()):
+        if folder_contents(run_dir):  # the lock file of the writer checking it is no content
             refusal = "; --overwrite deletes only run folders" if overwrite else ""
             raise TrainingError(f"--out {run_dir} is a non-empty folder that is not a moestab run; "
                                 f"choose another --out{refusal}")
@@ -86,9 +87,10 @@ def prepare_new(run_dir: Path, *, overwrite: bool) -> bool:
 
 
 def clear_run(run_dir: Path) -> None:
-    """Delete a run folder that :func:`prepare_new` cleared for ``--overwrite`` (checked again: a run folder)."""
+    """Delete the run in a folder that :func:`prepare_new` cleared for ``--overwrite`` (checked again: a run folder);
+    the folder and the lock file of the writer starting over stay."""
     read_run_info(run_dir)  # raises unless it still is a run folder
-    shutil.rmtree(run_dir)
+    clear_run_folder(run_dir)
 
 
 def prepare_resume(
@@ -116,6 +118,7 @@ def prepare_resume(
         raise TrainingError(f"--resume {run_dir}: settings differ from the run's ({shown}); only "
                             f"{', '.join(f for f in RESUMABLE_FIELDS if f not in ('resume', 'out', 'overwrite'))} "
                             "may change on resume")
+    check_writable(run_dir, remedy="copy the run to a writable folder and resume the copy")  # before any cleanup
     notes = [f"removed the leftover {p.relative_to(run_dir)}" for p in remove_temporaries(run_dir)]
     return info, done[-1], notes
 

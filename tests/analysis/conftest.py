@@ -141,11 +141,9 @@ def write_run(
         # Small row groups so that streaming crosses row-group boundaries.
         pq.write_table(pa.table(arrays), path / schema.tokens_file(step), row_group_size=16)
         run.metrics.append(_metrics_line(step, cols, layers, top_k, rng))
-    first = json.dumps(run.metrics[0])
     run.metrics[0]["eval/accuracy"] = 0.5  # eval steps only
     run.metrics[-1]["eval/accuracy"] = 0.625
-    # Step 1 is written twice (as after a resume): the last line wins.
-    lines = [first, *(json.dumps(m) for m in run.metrics)]
+    lines = [json.dumps(m) for m in run.metrics]
     (path / schema.METRICS_JSONL).write_text("\n".join(lines) + "\n")
     for step in (2,):
         ckpt = path / schema.checkpoint_dir(step)

@@ -151,7 +151,7 @@ def test_cli_torn_metrics_line_is_reported_with_its_line_number(fake_run, cli_ma
         f.write('{"step": 4, "reward/me')  # what a kill during an append leaves
     assert cli_main(["analyze", str(fake_run.path), "--json"]) == 0
     captured = capsys.readouterr()
-    assert "metrics.jsonl, line 5: line 5 is not valid JSON" in captured.err
+    assert "metrics.jsonl, line 4: line 4 is not valid JSON" in captured.err
     assert json.loads(captured.out)[0]["steps"] == 3
 
 
@@ -192,3 +192,26 @@ def test_cli_run_with_only_run_json(tmp_path, cli_main, capsys):
     assert record["steps"] == 3 and record["clip_token_frac"] is None
     assert math.isclose(record["final_accuracy"], 0.75)
     assert "metrics.jsonl: missing" in captured.err
+
+
+def test_a_run_whose_steps_repeat_is_damaged_never_finished(fake_run, cli_main, capsys):
+    # What two writers of one folder left: run.json says finished, metrics.jsonl holds both writers' steps 1, 2.
+    lines = (fake_run.path / schema.METRICS_JSONL).read_text().splitlines()[:2]
+    (fake_run.path / schema.METRICS_JSONL).write_text("\n".join(lines * 2) + "\n")
+    assert json.loads((fake_run.path / schema.RUN_JSON).read_text())["status"] == "finished"
+    row = run_summary(fake_run.path)
+    assert row["status"] == "damaged" and "line 3 is step 1, after step 2 on line 2" in row["damage"]
+    assert cli_main(["analyze", str(fake_run.path), "--json"]) == 1  # the summary is printed, the status says it
+    captured = capsys.readouterr()
+    (record,) = json.loads(captured.out)
+    assert record["status"] == "damaged" and record["damage"] == row["damage"]
+    assert f"error: {fake_run.path} is damaged: " in captured.err and "two writers" in captured.err
+    assert cli_main(["analyze", str(fake_run.path)]) == 1  # the text table too
+    captured = capsys.readouterr()
+    assert "damaged" in captured.out and "finished" not in captured.out and "is damaged" in captured.err
+
+
+def test_an_undamaged_run_has_no_damage(fake_run, cli_main, capsys):
+    assert run_summary(fake_run.path)["damage"] is None
+    assert cli_main(["analyze", str(fake_run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["damage"] is None

@@ -307,3 +307,17 @@ def test_misspelt_runs_variable_is_reported_as_ignored(
     at = make_app(None).run()
     assert folder_line(at) == f"Runs folder: `{tmp_path.resolve() / 'mine'}` (from `$MOESTAB_RUNS`)"
     assert name not in texts(at.sidebar.warning)
+
+
+def test_a_run_whose_steps_repeat_is_shown_damaged_not_finished(make_app, tmp_path: Path) -> None:
+    from tests.analysis.conftest import write_run
+
+    good, mixed = write_run(tmp_path, "good"), write_run(tmp_path, "mixed")
+    lines = (mixed.path / "metrics.jsonl").read_text().splitlines()[:2]
+    (mixed.path / "metrics.jsonl").write_text("\n".join(lines * 2) + "\n")  # two writers' steps 1, 2, 1, 2
+    at = make_app(tmp_path).run()
+    assert not at.exception, texts(at.exception)
+    table = at.dataframe[0].value.set_index("run")
+    assert table.loc["mixed", "status"] == "damaged" and table.loc[good.path.name, "status"] == "finished"
+    assert "line 3 is step 1, after step 2 on line 2" in table.loc["mixed", "problem"]
+    assert "**mixed** is damaged" in texts(at.error) and "two writers" in texts(at.error)

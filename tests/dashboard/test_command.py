@@ -1,8 +1,14 @@
-"""``moestab dashboard``: argument parsing and the Streamlit command line it runs (nothing started here)."""
+"""``moestab dashboard``: argument parsing and the Streamlit command line it runs; one slow test starts it for real
+and stops it with SIGTERM."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +83,60 @@ def test_runs_folder_source_and_misspelt_variables() -> None:
     environ = dict.fromkeys(misspelt + others, "/x")
     assert ignored_runs_env(environ) == sorted(misspelt)
     assert ignored_runs_env({**environ, "MOESTAB_RUNS": "/env"}) == []  # the right one is set: nothing to say
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended while listed
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists child processes through /proc")
+def test_sigterm_stops_streamlit_too_and_frees_the_port(tmp_path: Path) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    command = [sys.executable, "-m", "moestab.cli", "dashboard", str(tmp_path), "--port", str(port), "--no-browser"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(port):
+            assert proc.poll() is None and time.monotonic() < deadline, "the dashboard never answered"
+            time.sleep(0.2)
+        servers = _children(proc.pid)  # Streamlit, listening on the port
+        assert len(servers) == 1, servers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0  # stopping a server is its normal end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = [pid for pid in servers if _alive(pid)]  # reaped by `moestab dashboard`, so not even a zombie
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)  # this test's own leftover: end it, the assertion says it was there
+    assert not left, f"Streamlit (pid {left}) outlived `moestab dashboard`"
+    assert not _answers(port)

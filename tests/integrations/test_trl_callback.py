@@ -325,3 +325,28 @@ def test_an_incompatible_transformers_is_refused_before_the_run_folder_is_writte
     with pytest.raises(IncompatibleTransformersError, match="start-up check of recording under generate"):
         run_snippet(tmp_path, model, tokenizer)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_trl_writer_holds_the_run_folders_lock_and_a_second_writer_is_refused(tmp_path):
+    import os
+
+    from moestab.records.lock import RunLockedError, run_lock
+
+    lock = tmp_path / "run" / schema.LOCK_FILE
+    holders = []
+
+    def watching(completions: list[str], **_: object) -> list[float]:  # called while TRL trains
+        holders.append(json.loads(lock.read_text())["pid"])
+        return reward(completions)
+
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    run_snippet(tmp_path, model, tokenizer, reward_funcs=watching, max_steps=2)
+    assert holders and set(holders) == {os.getpid()}
+    assert read_run_info(tmp_path / "run").status == "finished" and not lock.exists()  # released at the end
+
+    other = tmp_path / "other"
+    with run_lock(other / "run", note=pytest.fail):  # another writer (flock is per open file, even in one process)
+        with pytest.raises(RunLockedError, match=f"being written by process {os.getpid()} on host"):
+            run_snippet(other, model, tokenizer, max_steps=2)
+        assert [p.name for p in (other / "run").iterdir()] == [schema.LOCK_FILE]  # nothing written
+    assert not (other / "run").exists()

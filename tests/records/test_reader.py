@@ -30,7 +30,7 @@ def test_run_info(fake_run):
 
 def test_metrics_one_row_per_step(fake_run):
     metrics = L.load_metrics(fake_run.path)
-    assert metrics["step"].tolist() == [1, 2, 3]  # step 1 was written twice: last line kept
+    assert metrics["step"].tolist() == [1, 2, 3]
     assert metrics.loc[0, "eval/accuracy"] == 0.5 and np.isnan(metrics.loc[1, "eval/accuracy"])
     assert metrics.loc[2, "routing/old_new/changed_by_layer"] == fake_run.metrics[2]["routing/old_new/changed_by_layer"]
     assert metrics["reward/mean"].tolist() == pytest.approx([m["reward/mean"] for m in fake_run.metrics])
@@ -119,13 +119,44 @@ def test_missing_metrics_is_named(fake_run):
 def test_torn_metrics_line_is_skipped_with_file_line_and_reason(fake_run):
     with open(fake_run.path / schema.METRICS_JSONL, "a") as f:
         f.write('{"step": 4, "loss": 0.')  # a running run's half-written line
-    with pytest.raises(RunFileError, match="line 5 is not valid JSON"):
+    with pytest.raises(RunFileError, match="line 4 is not valid JSON"):
         L.load_metrics(fake_run.path)  # strict without a skipped list
     skipped = []
     metrics = L.load_metrics(fake_run.path, skipped)
     assert metrics["step"].tolist() == [1, 2, 3]
     (part,) = skipped
-    assert (part.file, part.line) == (fake_run.path / schema.METRICS_JSONL, 5) and "not valid JSON" in part.reason
+    assert (part.file, part.line) == (fake_run.path / schema.METRICS_JSONL, 4) and "not valid JSON" in part.reason
+    assert L.metrics_step_problem(fake_run.path) is None  # a torn line is no step out of order
+
+
+def _write_steps(run, steps: list) -> None:
+    lines = [json.dumps({"step": s, "reward/mean": 0.1 * i}) if isinstance(s, int) else s for i, s in enumerate(steps)]
+    (run / schema.METRICS_JSONL).write_text("".join(f"{line}\n" for line in lines))
+
+
+def test_metrics_steps_that_repeat_or_go_back_are_named_with_their_lines(fake_run):
+    assert L.metrics_step_problem(fake_run.path) is None  # 1, 2, 3
+    _write_steps(fake_run.path, [1, 2, 1, 2])  # two writers' lines, one after the other
+    problem = L.metrics_step_problem(fake_run.path)
+    assert "goes back: line 3 is step 1, after step 2 on line 2" in problem and "two writers" in problem
+    _write_steps(fake_run.path, [1, 1, 2, 2])  # two writers' lines interleaved
+    assert "repeats: line 2 is step 1, after step 1 on line 1" in L.metrics_step_problem(fake_run.path)
+    _write_steps(fake_run.path, [1, '{"step": 2, "rew', 2, 5])  # a torn line, then the step again: in order
+    assert L.metrics_step_problem(fake_run.path) is None
+    _write_steps(fake_run.path, [2, "", "[1]", '{"step": true}', 3, 1])  # lines without an integer step are left out
+    assert "line 6 is step 1, after step 3 on line 5" in L.metrics_step_problem(fake_run.path)
+    (fake_run.path / schema.METRICS_JSONL).unlink()
+    assert L.metrics_step_problem(fake_run.path) is None  # load_metrics says it is missing
+
+
+def test_a_step_written_twice_keeps_the_last_line(fake_run):
+    lines = (fake_run.path / schema.METRICS_JSONL).read_text().splitlines()
+    first = json.loads(lines[0])
+    del first["eval/accuracy"]
+    (fake_run.path / schema.METRICS_JSONL).write_text("\n".join([json.dumps(first), *lines]) + "\n")
+    metrics = L.load_metrics(fake_run.path)
+    assert metrics["step"].tolist() == [1, 2, 3] and metrics.loc[0, "eval/accuracy"] == 0.5  # the last line of 1
+    assert "repeats: line 2 is step 1" in L.metrics_step_problem(fake_run.path)  # and the run is damaged
 
 
 def test_corrupt_parquet_is_skipped_with_a_warning(fake_run):

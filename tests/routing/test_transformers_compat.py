@@ -103,3 +103,4 @@ def test_train_refuses_an_incompatible_transformers_before_writing_the_run(monke
     with pytest.raises(TrainingError, match=rf"transformers {transformers.__version__} \(family qwen3_moe\)"):
         train(config, log=lambda _: None)
     assert not (tmp_path / "run" / schema.RUN_JSON).exists()
+    assert not any((tmp_path / "cache").rglob("*.safetensors"))  # refused before the warm start built a base

@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -185,8 +186,8 @@ def test_ctrl_c_during_the_start_evaluation(tmp_path, cache, signals):
     out = proc.communicate(timeout=300)[0]
     state = info(run)
     assert state["status"] == "interrupted", out
-    if signals == 1:  # deferred: the evaluation finishes, step 0 is saved, no step runs
-        assert proc.returncode == 0 and state["last_step"] == 0
+    if signals == 1:  # deferred: the evaluation finishes, step 0 is saved, no step runs; 130 = 128 + SIGINT
+        assert proc.returncode == 130 and state["last_step"] == 0
         assert (run / schema.checkpoint_dir(0)).is_dir() and "moestab train --resume" in out
     else:  # at once: nothing to resume, and the message says how to start over
         assert proc.returncode != 0 and not (run / schema.checkpoint_dir(0)).exists()
@@ -205,7 +206,7 @@ def test_sigterm_saves_marks_interrupted_and_resumes_bit_identically(tmp_path, c
     wait_for(lambda: steps_logged(run) >= 2, proc)
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out
+    assert proc.returncode == 143, out  # 128 + SIGTERM: a script tells it from a finished run
     state = info(run)
     assert state["status"] == "interrupted" and "interrupted (SIGTERM)" in out
     last = state["last_step"]
@@ -217,7 +218,8 @@ def test_sigterm_saves_marks_interrupted_and_resumes_bit_identically(tmp_path, c
 
 
 @pytest.mark.parametrize("trial", [0, 1])
-def test_sigkill_leaves_running_that_readers_call_stopped_and_resume_continues(tmp_path, cache, straight, trial):
+def test_sigkill_leaves_running_that_readers_call_stopped_and_resume_continues(tmp_path, cache, straight, trial,
+                                                                                capsys):
     from moestab.cli import main
 
     proc = start("--out", "run", "--steps", "200", cwd=tmp_path, cache=cache)
@@ -231,7 +233,9 @@ def test_sigkill_leaves_running_that_readers_call_stopped_and_resume_continues(t
     analyzed = subprocess.run([sys.executable, "-m", "moestab.cli", "analyze", str(run), "--json"],
                               capture_output=True, text=True, env=_env())
     assert json.loads(analyzed.stdout)[0]["status"] == "stopped"
+    assert json.loads((run / schema.LOCK_FILE).read_text())["pid"] == proc.pid  # its lock file is left behind
     assert main(["train", "--out", str(run), *TINY, "--cache-dir", str(cache)]) == 2  # not silently reused
+    assert f"took over the lock of process {proc.pid} on host {socket.gethostname()}" in capsys.readouterr().out
     logged = metrics(run, torn_ok=True)
     assert logged[:4] == straight[: len(logged)]  # what was logged before the kill was right all along
     target = max(len(logged) + 1, 4)
@@ -338,3 +342,41 @@ def test_truncated_weights_name_the_file(tmp_path, cache):
     assert done.returncode == 2 and "model.safetensors" in done.stderr and "cannot load model" in done.stderr
     assert "Traceback" not in done.stderr.split("the error was raised here")[0]
     assert not (tmp_path / "run" / schema.RUN_JSON).exists()
+
+
+# ---- 7. two writers of one folder --------------------------------------------------------------
+
+
+def test_two_writers_started_together_one_runs_and_the_other_is_refused_naming_it(tmp_path, cache, straight):
+    procs = [start("--out", "run", "--steps", "4", cwd=tmp_path, cache=cache) for _ in range(2)]
+    outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert sorted(proc.returncode for proc in procs) == [0, 2], outs
+    winner, loser = (0, 1) if procs[0].returncode == 0 else (1, 0)
+    refusal = outs[loser]
+    assert f"is being written by process {procs[winner].pid} on host {socket.gethostname()}" in refusal, refusal
+    run = tmp_path / "run"
+    assert metrics(run) == straight  # steps 1-4 once each, as a run alone writes them: the refused one wrote nothing
+    state = info(run)
+    assert (state["status"], state["writer"]["pid"]) == ("finished", procs[winner].pid)
+    assert not (run / schema.LOCK_FILE).exists()  # released at the end
+
+
+def test_resume_and_a_new_run_of_a_folder_being_written_are_refused_before_anything_changes(tmp_path, cache):
+    proc = start("--out", "run", "--steps", "200", "--max-zero-advantage-steps", "0", cwd=tmp_path, cache=cache)
+    run = tmp_path / "run"
+    try:
+        wait_for(lambda: steps_logged(run) >= 1, proc)
+        config = (run / schema.CONFIG_YAML).read_bytes()
+        for args in (["--resume", "run"], ["--out", "run", "--overwrite"]):
+            done = cli(*args, cwd=tmp_path, cache=cache)
+            assert done.returncode == 2, done.stderr
+            assert f"is being written by process {proc.pid} on host {socket.gethostname()}" in done.stderr
+            assert proc.poll() is None  # the writer goes on
+        assert (run / schema.CONFIG_YAML).read_bytes() == config
+        assert json.loads((run / schema.LOCK_FILE).read_text())["pid"] == proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out
+    steps = [m["step"] for m in metrics(run)]
+    assert steps == list(range(1, len(steps) + 1)) and info(run)["writer"]["pid"] == proc.pid

@@ -7,7 +7,7 @@ own method unchanged. :class:`TrlRecords` holds the recording state, so the trai
 
 from __future__ import annotations
 
-import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,8 +25,9 @@ from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_o
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.records import schema
 from moestab.records.errors import RunError
+from moestab.records.lock import folder_contents, run_lock
 from moestab.records.run_info import ModelInfo, read_run_info
-from moestab.records.writer import RunWriter
+from moestab.records.writer import RunWriter, clear_run_folder
 from moestab.routing import RecordingError, RoutingRecorder, find_routers
 from moestab.routing.compat import check_generate_recording
 from moestab.train.step_metrics import response_metrics, step_metrics
@@ -45,8 +46,9 @@ UNSUPPORTED_FEATURES = {
 
 def prepare_run_dir(run_dir: Path, *, overwrite: bool) -> None:
     """Check that a new run may be written to ``run_dir`` (absent, empty, or with ``overwrite`` a run that is not
-    running, which is then deleted); ``FileExistsError`` saying what is there otherwise."""
-    if not run_dir.exists() or (run_dir.is_dir() and not any(run_dir.iterdir())):
+    running, which is then deleted); ``FileExistsError`` saying what is there otherwise. Called with the folder's
+    lock held (its lock file is no content)."""
+    if not run_dir.exists() or (run_dir.is_dir() and not folder_contents(run_dir)):
         return
     try:
         info = read_run_info(run_dir)
@@ -59,7 +61,12 @@ def prepare_run_dir(run_dir: Path, *, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{run_dir} already holds a run ({status}, last step {info.last_step}); choose another "
                               "run_dir or RecordSettings(..., overwrite=True)")
-    shutil.rmtree(run_dir)
+    clear_run_folder(run_dir)
+
+
+def _note(message: str) -> None:
+    """Tell the user something that needs no action (e.g. a dead writer's lock taken over): on stderr."""
+    print(f"moestab: {message}", file=sys.stderr)
 
 
 class TrlRecords:
@@ -113,9 +120,12 @@ class TrlRecords:
         if resuming:
             raise ValueError("moestab's TRL records cannot resume from a checkpoint: TRL regenerates mid-cycle "
                              "after a resume; start a new run folder")
-        prepare_run_dir(self.run_dir, overwrite=self.settings.overwrite)
-        self.writer = None
         with ExitStack() as stack:
+            # One writer per folder: held from before anything there is deleted or written until run.json says how
+            # training ended; another live writer's folder is refused (RunLockedError names it).
+            stack.enter_context(run_lock(self.run_dir, note=_note))
+            prepare_run_dir(self.run_dir, overwrite=self.settings.overwrite)
+            self.writer = None
             self._stack = stack
             try:
                 yield

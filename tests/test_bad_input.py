@@ -1,0 +1,192 @@
+"""Bad input through the real `moestab` entry point (issue #24): each case gets one clear line naming the argument
+or file and what is valid, a non-zero exit, a bounded message, and nothing written.
+
+Every case fails at validation, before any model is built or any folder made; the working folder and the cache
+are the test's own, so a case that went further would show up as a written file. The read-only resume needs a
+finished run and a private mount namespace: it is slow and skips where `unshare` is not allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from moestab.cli import main
+from moestab.records import schema
+
+MAX_ERR = 2000  # characters of stderr a refusal may take: a line or two, never the echo of a huge value
+
+
+def _laughs(levels: int) -> str:
+    """YAML whose single ``task`` value is a list of nested aliases: tiny as text, 9**levels strings as a str()."""
+    rows = ["  - &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    rows += [f"  - &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "task:\n" + "\n".join(rows) + "\n"
+
+
+def _file(tmp: Path, name: str, content: str | bytes) -> str:
+    path = tmp / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+def _corrupt_model(tmp: Path) -> str:
+    from moestab.models import build_embedded_policy, save_policy
+
+    folder = save_policy(*build_embedded_policy(), tmp / "model")
+    weights = Path(folder) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # what an interrupted copy leaves
+    return str(folder)
+
+
+def _model_folder(tmp: Path) -> str:
+    """A folder that passes for a Hugging Face model until it is loaded: enough for checks made before loading."""
+    folder = tmp / "hf-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return str(folder)
+
+
+def _foreign_run(tmp: Path) -> str:
+    folder = tmp / "other-tool-run"
+    folder.mkdir()
+    (folder / schema.RUN_JSON).write_text(json.dumps({"name": "exp-7", "framework": "other", "epochs": 3}))
+    return str(folder)
+
+
+Setup = Callable[[Path], list[str]]
+OUT = ["--out", "run"]  # relative: the test runs in its own folder
+CASES: list[tuple[str, Setup, str]] = [
+    # ---- point 2: YAML values and keys ----
+    ("nested-aliases", lambda t: ["train", "--config", _file(t, "c.yaml", _laughs(7)), *OUT],
+     "task: got a list of 7 items; task takes one value, a string"),
+    ("nested-aliases-in-a-list-field", lambda t: ["train", "--config", _file(
+        t, "c.yaml", _laughs(7).replace("task:", "report_to:")), *OUT],
+     "report_to: item 1 is a list of 9 items; report_to takes a list of single values, each a string"),
+    ("mapping-for-a-number", lambda t: ["train", "--config", _file(t, "c.yaml", "steps: {a: 1}\n"), *OUT],
+     "steps: got a mapping of 1 item; steps takes one value, an integer"),
+    ("duplicate-key", lambda t: ["train", "--config", _file(t, "c.yaml", "algo: grpo\nsteps: 2\nsteps: 3\n"), *OUT],
+     "line 3: key 'steps' is given twice (first on line 2); give each key once"),
+    ("huge-string-echo", lambda t: ["train", "--algo", "x" * 1_000_000, *OUT], "algo: unknown 'xxxx"),
+    ("huge-yaml-integer", lambda t: ["train", "--config", _file(t, "c.yaml", "steps: " + "9" * 5000 + "\n"), *OUT],
+     "is not usable YAML"),
+    # ---- point 3: raw tracebacks ----
+    ("binary-config", lambda t: ["train", "--config", _file(t, "c.yaml", bytes(range(256)) * 4), *OUT],
+     "is not text (byte 128 is not UTF-8); give a YAML file"),
+    ("seed-past-torch", lambda t: ["train", "--seed", "99999999999999999999999", *OUT],
+     "seed must be an integer 0 <= seed < 2**63 (what torch's random generators take), got 99999999999999999999999"),
+    ("negative-seed", lambda t: ["train", "--seed", "-1", *OUT], "seed must be an integer 0 <= seed < 2**63"),
+    ("cache-dir-is-a-file", lambda t: ["train", "--cache-dir", _file(t, "cache", "not a folder"), *OUT],
+     "is a file, not a folder; give a folder (it is created if missing)"),
+    ("cache-dir-under-a-file", lambda t: ["train", "--cache-dir", _file(t, "cache", "x") + "/sub", *OUT],
+     "cannot be a folder:"),
+    ("negative-length", lambda t: ["train", "--task", "reverse:length=-3", *OUT],
+     "invalid length='-3': out of range; valid: integer 1-128"),
+    ("probe-corrupt-weights", lambda t: ["probe", "numerics", _corrupt_model(t), "--count", "2", *OUT],
+     "cannot load the model and tokenizer (weights: model.safetensors)"),
+    ("probe-binary-suite", lambda t: ["probe", "numerics", _model_folder(t), "--suite",
+                                      _file(t, "s.jsonl", bytes(range(256))), *OUT],
+     "is not text (byte 128 is not UTF-8)"),
+    # ---- point 4: accepted without a word ----
+    ("steps-past-bound", lambda t: ["train", "--steps", "99999999999999999999999", *OUT],
+     "steps must be at most 10,000,000"),
+    ("max-new-tokens-past-bound", lambda t: ["train", "--max-new-tokens", "100000000", *OUT],
+     "max_new_tokens must be at most 65,536"),
+    ("threads-past-bound", lambda t: ["train", "--threads", "99999999999999999999", *OUT],
+     "threads must be at most 4,096"),
+    ("probe-threads-past-bound", lambda t: ["probe", "numerics", "x", "--threads", "99999999999999999999", *OUT],
+     "--threads must be at most 4,096"),
+    ("empty-out", lambda t: ["train", "--out", ""], "out is empty; give a folder"),
+    ("empty-cache-dir", lambda t: ["train", "--cache-dir", " ", *OUT], "cache_dir is empty; give a folder"),
+    ("empty-number", lambda t: ["train", "--max-new-tokens", "", *OUT],
+     "max_new_tokens: the value is empty; give an integer"),
+    ("empty-config-file", lambda t: ["train", "--config", _file(t, "c.yaml", ""), *OUT],
+     "is empty; give settings (field: value lines) or leave out --config"),
+    ("comments-only-config", lambda t: ["train", "--config", _file(t, "c.yaml", "# steps: 3\n"), *OUT],
+     "is empty; give settings"),
+    ("empty-config-name", lambda t: ["train", "--config", "", *OUT], "--config is empty"),
+    ("probe-seed-past-torch", lambda t: ["probe", "step-volatility", "x", "--seed", "99999999999999999999999", *OUT],
+     "seed must be an integer 0 <= seed < 2**63"),
+    ("probe-max-new-tokens", lambda t: ["probe", "step-volatility", "x", "--max-new-tokens", "100000000", *OUT],
+     "max_new_tokens must be an integer 1 to 65,536"),
+    ("probe-cache-dir-is-a-file", lambda t: ["probe", "depth", "--cache-dir", _file(t, "cache", "x"), *OUT],
+     "is a file, not a folder"),
+    ("probe-empty-out", lambda t: ["probe", "numerics", "x", "--out", ""], "argument --out: the value is empty"),
+    ("probe-empty-suite", lambda t: ["probe", "numerics", _model_folder(t), "--suite", "", *OUT], "--suite is empty"),
+    # ---- point 6: another tool's run.json ----
+    ("probe-foreign-run-json", lambda t: ["probe", "numerics", _foreign_run(t), *OUT],
+     "is not a moestab run folder: its run.json is not moestab's"),
+]
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its size and modification time: what a case must leave as it was."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize(("setup", "message"), [pytest.param(s, m, id=i) for i, s, m in CASES])
+def test_bad_input_is_refused_in_one_bounded_line_and_writes_nothing(tmp_path, monkeypatch, capsys, setup, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MOESTAB_CACHE", str(tmp_path / "default-cache"))  # a warm start would show up here
+    argv = setup(tmp_path)
+    before = _tree(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse refuses some values itself
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code != 0 and code is not None
+    assert message in err, err[:MAX_ERR]
+    assert len(err) < MAX_ERR, err[:MAX_ERR]
+    assert "Traceback" not in err
+    assert _tree(tmp_path) == before  # no run folder, probe folder or cache, nothing changed
+
+
+def test_bounds_are_documented_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1 to 10,000,000" in text and "1 to 65,536" in text and "0 <= seed < 2**63" in text
+
+
+# ---- --resume on a read-only mount --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_resume_on_a_read_only_mount_is_refused_in_one_line(tmp_path):
+    from tests.train.helpers import TASK
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) for a private mount namespace")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private mount namespace here: {probe.stderr.decode().strip()}")
+    tiny = ["--task", TASK, "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "8",
+            "--eval-every", "1", "--save-every", "1", "--warm-start-max-steps", "0", "--no-progress", "--threads", "1",
+            "--cache-dir", str(tmp_path / "cache")]
+    train = [sys.executable, "-m", "moestab.cli", "train", *tiny]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    first = subprocess.run([*train, "--out", str(tmp_path / "run"), "--steps", "2"], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    resume = " ".join(f'"{p}"' for p in [*train, "--resume", "$MNT/run", "--steps", "3"])
+    script = (f"set -e; MNT=$(mktemp -d); mount -t tmpfs -o size=200m tmpfs $MNT; cp -a {tmp_path}/run $MNT/run; "
+              f"mount -o remount,ro $MNT; ls -lR --time-style=full-iso $MNT > {tmp_path}/before; "
+              f"{resume} 2> {tmp_path}/err || echo $? > {tmp_path}/rc; "
+              f"ls -lR --time-style=full-iso $MNT > {tmp_path}/after")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    err = (tmp_path / "err").read_text()
+    assert (tmp_path / "rc").read_text().strip() == "2", err
+    assert "Read-only file system" in err and "/run" in err and "Traceback" not in err, err
+    assert len(err) < MAX_ERR and err.count("error:") == 1, err
+    assert (tmp_path / "before").read_text() == (tmp_path / "after").read_text()
