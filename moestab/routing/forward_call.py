@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import transformers
+from transformers.cache_utils import Cache
 
 from moestab.routing.errors import RecordingError
 
@@ -69,9 +71,7 @@ def find_cache(kwargs: dict[str, Any]) -> Any | None:
         if kwargs.get(name) is not None:
             return kwargs[name]
     for name, value in kwargs.items():
-        if _is_cache(value):
-            import transformers
-
+        if isinstance(value, Cache):
             raise RecordingError(
                 f"transformers {transformers.__version__} passed the model's KV cache as {name}=<"
                 f"{type(value).__name__}>; moestab reads it as one of {', '.join(CACHE_KEYWORDS)}, so it cannot tell "
@@ -79,14 +79,6 @@ def find_cache(kwargs: dict[str, Any]) -> Any | None:
                 "(see README: 'Tested versions')."
             )
     return None
-
-
-def _is_cache(value: Any) -> bool:
-    try:
-        from transformers.cache_utils import Cache
-    except ImportError:  # pragma: no cover - every supported transformers has it
-        return False
-    return isinstance(value, Cache)
 
 
 def _cached_length(cache: Any) -> int:

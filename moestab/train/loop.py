@@ -282,7 +282,8 @@ def _train(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = _load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
-    _check_recording(model)
+    if not is_embedded(config.model):  # the embedded policy's family was checked before its warm start
+        _check_recording(model)
     record_slots = _record_slots(model, config.record_layers)
     model_info = _model_info(model, record_slots)
     if config.router_aux_loss_coef > 0 and not hasattr(model.config, "router_aux_loss_coef"):

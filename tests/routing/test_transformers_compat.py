@@ -104,3 +104,17 @@ def test_train_refuses_an_incompatible_transformers_before_writing_the_run(monke
         train(config, log=lambda _: None)
     assert not (tmp_path / "run" / schema.RUN_JSON).exists()
     assert not any((tmp_path / "cache").rglob("*.safetensors"))  # refused before the warm start built a base
+
+
+def test_train_refuses_an_incompatible_transformers_for_a_given_model_folder(monkeypatch, tmp_path):
+    from moestab.models.embedded import save_policy
+    from moestab.records import schema
+    from moestab.train import TrainingError, train
+    from tests.train.helpers import tiny_config
+
+    folder = save_policy(*build_embedded_policy(), tmp_path / "model")  # a model given by path: no warm start
+    monkeypatch.setattr(forward_call_module, "find_cache", lambda kwargs: None)
+    config = tiny_config(tmp_path / "run", tmp_path / "cache", model=str(folder))
+    with pytest.raises(TrainingError, match=rf"transformers {transformers.__version__} \(family qwen3_moe\)"):
+        train(config, log=lambda _: None)
+    assert not (tmp_path / "run" / schema.RUN_JSON).exists()
