@@ -74,16 +74,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from moestab import rl
 from moestab.metrics.routes import intersection_sizes
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
+from moestab.recording.batch import RolloutBatch
+from moestab.recording.step_metrics import step_metrics
+from moestab.recording.step_tensors import StepTensors
 from moestab.records.schema import GATE_REPLAY_MODES
 from moestab.routing import RoutingRecorder, find_routers
 from moestab.tasks import Example, Task, task_from_spec
-from moestab.train.batch import RolloutBatch
 from moestab.train.forward import chunked_policy_forward, policy_forward
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, run_step, step_examples, step_seed
-from moestab.train.step_metrics import step_metrics
-from moestab.train.step_tensors import StepTensors
 
 REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
 
@@ -410,7 +410,7 @@ PROFILE_ROWS = (
     ("torch/_tensor.py", "backward", "backward"),
     ("torch/optim/adam.py", "adam", "AdamW step (fused, as build_optimizer makes it)"),
     ("torch/nn/utils/clip_grad.py", "clip_grad_norm_", "clip_grad_norm_"),
-    ("moestab/train/step_metrics.py", "step_metrics", "step_metrics (all step metrics)"),
+    ("moestab/recording/step_metrics.py", "step_metrics", "step_metrics (all step metrics)"),
     ("moestab/metrics/routes.py", "intersection_sizes", "  of which intersection_sizes (route kernel)"),
     ("moestab/routing/discovery.py", "find_routers", "find_routers (each RoutingRecorder / RoutingReplay)"),
     ("moestab/routing/recorder.py", "hook", "RoutingRecorder router hooks"),

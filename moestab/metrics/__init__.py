@@ -1,6 +1,6 @@
 """The definition of every metric moestab reports, once: pure numpy functions over arrays.
 
-The trainer's step metrics (``moestab.train.step_metrics``), the analyzers (``moestab.analysis``)
+The trainer's step metrics (``moestab.recording.step_metrics``), the analyzers (``moestab.analysis``)
 and the dashboard all call these, so a number in metrics.jsonl and the same number recomputed from
 the per-token tables are one computation (docs/metrics.md lists every key and its function):
 

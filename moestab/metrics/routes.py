@@ -17,7 +17,7 @@ Metrics (GSPO arXiv 2507.18071 §5.3; R3 arXiv 2510.11370; docs/metrics.md), all
   tokens differ in >= 1 layer").
 - ``routers_flipped_per_token``: mean number of flipped decisions per token.
 
-The trainer's step metrics (``moestab.train.step_metrics``) and the analyzers
+The trainer's step metrics (``moestab.recording.step_metrics``) and the analyzers
 (``moestab.analysis.volatility``) both call these functions, so a logged number and an offline
 analysis of the same routes are the same computation.
 

@@ -11,7 +11,7 @@ processes (gloo on CPU, NCCL on GPU). What is split and what is exact:
   tokens for token-mean, non-empty rows for the seq-mean modes; ``W`` its sum over ranks). FSDP averages
   gradients over ranks, so the update is the gradient of the one-process loss of the whole minibatch.
 - **Metrics and records** are computed on rank 0 from every rank's tensors, merged into the global batch
-  (:func:`moestab.train.step_tensors.cat_step_tensors`), by the same functions as in one process.
+  (:func:`moestab.recording.step_tensors.cat_step_tensors`), by the same functions as in one process.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from moestab.train.batch import RolloutBatch
+from moestab.recording.batch import RolloutBatch
 from moestab.train.config import ENGINE_NAMES
 
 

@@ -8,8 +8,8 @@ import math
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.recording.batch import response_mask_from_tokens
 from moestab.tasks import Example, Task
-from moestab.train.batch import response_mask_from_tokens
 from moestab.train.distributed import World
 
 

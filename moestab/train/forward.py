@@ -9,8 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from moestab import rl
+from moestab.recording.batch import RolloutBatch, position_ids_from_mask
 from moestab.routing import Routes, RoutingRecorder, RoutingReplay
-from moestab.train.batch import RolloutBatch, position_ids_from_mask
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from moestab.configs import ConfigError, config_to_dict
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
+from moestab.recording.token_table import record_rows, token_table
 from moestab.records import schema
 from moestab.records.lock import RunLockedError, run_lock
 from moestab.records.run_info import ModelInfo, read_run_info
@@ -57,7 +58,6 @@ from moestab.train.step import (
     step_examples,
     step_seed,
 )
-from moestab.train.token_table import record_rows, token_table
 from moestab.train.trackers import TrackedRun, open_trackers, run_id
 from moestab.train.warm_start import WarmStartSpec, warm_start
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.routing import RoutingRecorder, find_routers
 from moestab.routing.compat import expect_coverage
-from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 from moestab.train.distributed import full_state_dict, is_sharded, unsharded_copy
 
 

@@ -30,16 +30,16 @@ import torch
 from transformers import PreTrainedModel
 
 from moestab import rl
+from moestab.recording.batch import RolloutBatch, cat_batches
+from moestab.recording.step_metrics import response_metrics, step_metrics
+from moestab.recording.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 from moestab.records import schema
 from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
-from moestab.train.batch import RolloutBatch, cat_batches
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
 from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
-from moestab.train.step_metrics import response_metrics, step_metrics
-from moestab.train.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 
 
 class NonFiniteLossError(RuntimeError):

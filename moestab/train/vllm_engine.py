@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
-from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 from moestab.train.distributed import full_state_dict, world_from_env
 
 VLLM_HELP = ("install the optional extra (pip install 'moestab[vllm]', vLLM >= 0.33 on Linux with a CUDA GPU), or use "

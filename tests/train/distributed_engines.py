@@ -15,8 +15,8 @@ from collections import Counter
 
 import torch
 
+from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.routing import RoutingRecorder
-from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 from moestab.train.distributed import full_state_dict, unsharded_copy, world_from_env
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.routing import RoutingRecorder
-from moestab.train.batch import RolloutBatch, response_mask_from_tokens
 
 
 class ReferenceEngine:

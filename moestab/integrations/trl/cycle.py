@@ -3,7 +3,7 @@
 Rows are put in generation order (TRL's generation batch: ``num_generations`` consecutive rows per prompt). TRL
 shuffles the batch before splitting it into micro-batches, so each micro-batch row is matched back to the
 generated sequence whose tokens it holds (identical sequences are interchangeable: same prompt, same tokens).
-The layout is moestab's (``moestab.train.batch``): input = prompt + completion[:-1], ``L = P + C - 1``; the routes
+The layout is moestab's (``moestab.recording.batch``): input = prompt + completion[:-1], ``L = P + C - 1``; the routes
 of a response token are those of the position that predicts it.
 """
 
@@ -18,10 +18,10 @@ import torch
 
 from moestab.integrations.trl.capture import GenerationCall, ScoringCall
 from moestab.integrations.trl.settings import ClipRule, CycleLayout
+from moestab.recording.batch import RolloutBatch
+from moestab.recording.step_tensors import StepTensors
 from moestab.routing import RecordingError, Routes
 from moestab.tasks import Example
-from moestab.train.batch import RolloutBatch
-from moestab.train.step_tensors import StepTensors
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from transformers import TrainerCallback
 from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
 from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
+from moestab.recording.step_metrics import response_metrics, step_metrics
+from moestab.recording.token_table import record_rows, token_table
 from moestab.records import schema
 from moestab.records.errors import RunError
 from moestab.records.lock import folder_contents, run_lock
@@ -30,8 +32,6 @@ from moestab.records.run_info import ModelInfo, read_run_info
 from moestab.records.writer import RunWriter, clear_run_folder
 from moestab.routing import RecordingError, RoutingRecorder, find_routers
 from moestab.routing.compat import check_generate_recording
-from moestab.train.step_metrics import response_metrics, step_metrics
-from moestab.train.token_table import record_rows, token_table
 
 LOSS_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps")
 """The keys of TRL's micro-batch that a step's records use."""

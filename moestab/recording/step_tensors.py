@@ -6,15 +6,15 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from moestab.recording.batch import RolloutBatch, cat_batches, pad_positions, relay_positions
 from moestab.routing import Routes
 from moestab.tasks import Example
-from moestab.train.batch import RolloutBatch, cat_batches, pad_positions, relay_positions
 
 
 @dataclass(frozen=True)
 class StepTensors:
     """One step's per-token results. Token tensors are ``[B, T]`` (response positions); route tensors
-    ``[B, L, layers, top_k]`` over the trainer's input positions (see :mod:`moestab.train.batch`).
+    ``[B, L, layers, top_k]`` over the trainer's input positions (see :mod:`moestab.recording.batch`).
 
     pi_old is kept on both sides: *as used in the ratio* (``logp_old`` / ``routes_old``: the rollout
     engine's routes under R3) and with the trainer's *free* routing (``logp_old_free`` /
@@ -70,7 +70,7 @@ class StepTensors:
 
 def cat_step_tensors(parts: list[StepTensors], pad_token_id: int) -> StepTensors:
     """Several processes' step tensors as one step's: rows stacked in order, laid out on the widest prompt and the
-    longest response (as :func:`moestab.train.batch.cat_batches` lays out the batches)."""
+    longest response (as :func:`moestab.recording.batch.cat_batches` lays out the batches)."""
     batch = cat_batches([p.batch for p in parts], pad_token_id)
     P, T = batch.prompt_len, batch.targets.shape[1]
     length = batch.input_ids.shape[1]

@@ -16,8 +16,8 @@ from moestab.metrics.experts import expert_counts, load_stats
 from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
 from moestab.metrics.routes import intersection_sizes, route_change
+from moestab.recording.step_tensors import StepTensors
 from moestab.records import schema
-from moestab.train.step_tensors import StepTensors
 
 LOSS_METRIC_PREFIXES = ("objective/", "kl/", "rspo/")
 """Loss diagnostics logged as their mean over minibatches (``loss/<key>``). The loss's ratio and clip

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from moestab.recording.step_tensors import StepTensors
 from moestab.records import schema
-from moestab.train.step_tensors import StepTensors
 
 
 def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
