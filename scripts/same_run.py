@@ -1,0 +1,140 @@
+"""Are two run folders the same run, bit for bit? For checking that a change of code left behaviour unchanged.
+
+    python scripts/same_run.py RUN_A RUN_B
+
+Compares what a run's numbers are: every metrics.jsonl value but wall times (``time/...``), every per-token table
+(all columns, exact), every checkpoint's files (bytes, except the optimizer/loop state file's pickle framing is
+compared as loaded tensors) and run.json's config, model and accuracies. Prints each difference and exits 1 if any,
+else prints what was compared and exits 0. Used to check restructurings against the previous commit (issue 25):
+run the same command with both commits' code into two folders and compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+from moestab.records import schema
+from moestab.records.reader import list_checkpoints, list_token_files, load_metrics, read_run_info
+
+TIMING_PREFIX = "time/"
+
+
+def _same_value(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _metrics(a: Path, b: Path) -> tuple[list[str], int]:
+    ma, mb = load_metrics(a), load_metrics(b)
+    keys_a = {k for k in ma.columns if not k.startswith(TIMING_PREFIX)}
+    keys_b = {k for k in mb.columns if not k.startswith(TIMING_PREFIX)}
+    only = ((a, keys_a - keys_b), (b, keys_b - keys_a))
+    out = [f"metrics key only in {p}: {k}" for p, ks in only for k in sorted(ks)]
+    if len(ma) != len(mb):
+        return [*out, f"metrics.jsonl: {len(ma)} vs {len(mb)} lines"], 0
+    compared = 0
+    for key in sorted(keys_a & keys_b):
+        for row, (x, y) in enumerate(zip(ma[key].tolist(), mb[key].tolist(), strict=True)):
+            compared += 1
+            if not _same_value(x, y):
+                out.append(f"metrics line {row + 1} {key}: {x!r} vs {y!r}")
+    return out, compared
+
+
+def _tokens(a: Path, b: Path) -> tuple[list[str], int]:
+    fa, fb = list_token_files(a), list_token_files(b)
+    if fa["step"].tolist() != fb["step"].tolist():
+        return [f"token tables of steps {fa['step'].tolist()} vs {fb['step'].tolist()}"], 0
+    out = []
+    for pa_, pb_ in zip(fa["path"], fb["path"], strict=True):
+        ta, tb = pq.read_table(pa_), pq.read_table(pb_)
+        if not ta.equals(tb):
+            differ = [c for c in ta.column_names if c not in tb.column_names or not ta[c].equals(tb[c])]
+            out.append(f"{Path(pa_).name}: columns differ: {differ}")
+    return out, len(fa)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _state_equal(x: object, y: object) -> bool:
+    if torch.is_tensor(x) and torch.is_tensor(y):
+        return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_state_equal(x[k], y[k]) for k in x)
+    if isinstance(x, list | tuple) and isinstance(y, list | tuple):
+        return len(x) == len(y) and all(_state_equal(u, v) for u, v in zip(x, y, strict=True))
+    return _same_value(x, y)
+
+
+def _checkpoints(a: Path, b: Path) -> tuple[list[str], int]:
+    ca, cb = list_checkpoints(a), list_checkpoints(b)
+    if ca["step"].tolist() != cb["step"].tolist():
+        return [f"checkpoints of steps {ca['step'].tolist()} vs {cb['step'].tolist()}"], 0
+    out, compared = [], 0
+    for step in ca["step"].tolist():
+        folder_a, folder_b = a / schema.checkpoint_dir(step), b / schema.checkpoint_dir(step)
+        names = sorted(p.name for p in folder_a.iterdir())
+        if names != sorted(p.name for p in folder_b.iterdir()):
+            out.append(f"checkpoint {step}: files differ")
+            continue
+        for name in names:
+            compared += 1
+            if _digest(folder_a / name) != _digest(folder_b / name):
+                out.append(f"checkpoint {step}: {name} differs")
+        sa = torch.load(a / schema.state_file(step), map_location="cpu", weights_only=True)
+        sb = torch.load(b / schema.state_file(step), map_location="cpu", weights_only=True)
+        compared += 1
+        if not _state_equal(sa, sb):
+            out.append(f"checkpoint {step}: optimizer / loop state differs")
+    return out, compared
+
+
+def _run_info(a: Path, b: Path) -> list[str]:
+    ia, ib = read_run_info(a), read_run_info(b)
+    out = []
+    config_a = {k: v for k, v in ia.config.items() if k != "out"}
+    config_b = {k: v for k, v in ib.config.items() if k != "out"}
+    if config_a != config_b:
+        differ = sorted(k for k in config_a.keys() | config_b.keys() if config_a.get(k) != config_b.get(k))
+        out.append(f"run.json config differs: {differ}")
+    for field in ("status", "last_step", "model", "warm_start_accuracy", "final_accuracy"):
+        if not _same_value(getattr(ia, field), getattr(ib, field)):
+            out.append(f"run.json {field}: {getattr(ia, field)!r} vs {getattr(ib, field)!r}")
+    return out
+
+
+def compare(a: Path, b: Path) -> tuple[list[str], str]:
+    """The differences between runs ``a`` and ``b`` (empty: the same run) and a line saying what was compared."""
+    metric_diffs, n_values = _metrics(a, b)
+    token_diffs, n_tables = _tokens(a, b)
+    checkpoint_diffs, n_files = _checkpoints(a, b)
+    diffs = [*_run_info(a, b), *metric_diffs, *token_diffs, *checkpoint_diffs]
+    return diffs, f"{n_values} metric values, {n_tables} token tables, {n_files} checkpoint files and states"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_a", type=Path)
+    parser.add_argument("run_b", type=Path)
+    args = parser.parse_args(argv)
+    diffs, what = compare(args.run_a, args.run_b)
+    for line in diffs:
+        print(line)
+    print(f"{'DIFFERENT' if diffs else 'same'}: compared {what}")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
