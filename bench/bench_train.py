@@ -453,7 +453,7 @@ def evidence_contenders(runner: MoestabRunner) -> dict[str, Callable[[], None]]:
         return run
 
     return {
-        "`step_metrics(replay='off')` (all step metrics)": lambda: step_metrics(t, [{}], replay="off"),
+        "`step_metrics(replay='off')` (all step metrics)": lambda: step_metrics(t, replay="off"),
         "`intersection_sizes(old, new)` (its numeric kernel)": lambda: intersection_sizes(old, new, threads=1),
         "`find_routers(model)` (run by every RoutingRecorder / RoutingReplay)": lambda: find_routers(model),
         f"pi_new as run_step runs it: `chunked_policy_forward`, {len(chunks)} chunks": pi_new(True),

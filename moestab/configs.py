@@ -1,8 +1,14 @@
-"""Typed configs: field docstrings, YAML loading and argparse wiring for frozen dataclasses.
+"""Typed configs: field docstrings, YAML loading, argparse wiring and validation rules for frozen dataclasses.
 
 A config is a frozen dataclass whose fields each carry a docstring (the string literal right
 under the field). ``field_docs`` reads those docstrings from the source, so ``--help``, the YAML
 loader and docs share one description per field.
+
+The validation rules at the end are written once for every settings class: ``moestab train``'s ``TrainConfig`` and
+the probes' ``ProbeSettings`` call the same functions, so a bound cannot drift apart between them. Each rule is one
+small function that raises :class:`ConfigError` naming the setting and what is valid (the probes re-raise it as
+their ``ProbeError``). A rule takes the setting's name as its caller spells it (``seed``, ``--threads``); where the
+two callers have always worded a refusal differently, a keyword keeps each wording, and the tests pin both.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import dataclasses
 import datetime
 import inspect
 import itertools
+import math
 import textwrap
 import types
 import typing
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -240,3 +248,119 @@ def folder_problem(path: str | Path) -> str | None:
 def config_to_dict(config: Any) -> dict[str, Any]:
     out = dataclasses.asdict(config)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+# ---- validation rules shared by the settings classes (TrainConfig, ProbeSettings) ----
+
+SEED_LIMIT = 2**63
+"""Seeds are integers 0 <= seed < SEED_LIMIT: what torch.manual_seed and its generators take."""
+MAX_THREADS = 4096
+"""Most torch CPU threads (TrainConfig.threads, the probes' --threads): more than any machine's cores."""
+MAX_NEW_TOKENS = 65_536
+"""Longest response cap (TrainConfig.max_new_tokens, the step probes' max_new_tokens)."""
+
+
+def is_integer(value: object) -> bool:
+    """An ``int`` that is not a ``bool`` (YAML's ``true`` is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite_number(value: object) -> bool:
+    """An ``int`` or ``float`` that is not a ``bool``, nor nan or infinite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_at_least(name: str, value: int, low: int, *, what: str = "an integer ") -> None:
+    """``value`` is an integer >= ``low``; ``what`` words the refusal ('' where the type is already known)."""
+    if not is_integer(value) or value < low:
+        raise ConfigError(f"{name} must be {what}>= {low}, got {shown(value)}")
+
+
+def check_at_most(name: str, value: int, high: int, why: str) -> None:
+    """``value`` is at most ``high``: a larger one is a typo, ``why`` says what it would mean."""
+    if value > high:
+        raise ConfigError(f"{name} must be at most {high:,} ({why}), got {shown(value)}")
+
+
+def check_finite(name: str, value: float, rule: str, ok: Callable[[float], bool]) -> None:
+    """``value`` is a finite number for which ``ok`` holds; ``rule`` says which in words ('> 0')."""
+    if not is_finite_number(value) or not ok(value):
+        raise ConfigError(f"{name} must be a finite number {rule}, got {shown(value)}")
+
+
+def check_choice(name: str, value: str, valid: Sequence[str]) -> None:
+    """``value`` is one of ``valid``."""
+    if value not in valid:
+        raise ConfigError(f"{name}: unknown {shown(value)}; valid: {', '.join(valid)}")
+
+
+def check_seed(name: str, seed: int) -> None:
+    """``seed`` is an integer ``0 <= seed < 2**63`` (what torch's generators take)."""
+    if not is_integer(seed) or not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"{name} must be an integer 0 <= {name} < 2**63 (what torch's random generators take), "
+                          f"got {shown(seed)}")
+
+
+def check_group_size(name: str, group_size: int) -> None:
+    """Samples per prompt: at least 2, the smallest group whose advantages can differ from 0."""
+    check_at_least(name, group_size, 2)
+
+
+def check_threads(name: str, threads: int | None, *, what: str = "an integer ") -> None:
+    """torch CPU threads: ``None`` (torch's choice) or 1 to :data:`MAX_THREADS`."""
+    if threads is not None:
+        check_at_least(name, threads, 1, what=what)
+        check_at_most(name, threads, MAX_THREADS, "more than any machine's cores")
+
+
+def check_response_cap(name: str, tokens: int | None, *, as_range: bool = False) -> None:
+    """Response length cap: ``None`` (the task's default) or an integer 1 to :data:`MAX_NEW_TOKENS`, far beyond a
+    response an RL step on one machine trains on. ``as_range``: one refusal stating the whole range (the probes'
+    wording) instead of the bound that failed."""
+    if tokens is None:
+        return
+    if as_range and not (is_integer(tokens) and 1 <= tokens <= MAX_NEW_TOKENS):
+        raise ConfigError(f"{name} must be an integer 1 to {MAX_NEW_TOKENS:,} (as moestab train's), got "
+                          f"{shown(tokens)}")
+    check_at_least(name, tokens, 1)
+    check_at_most(name, tokens, MAX_NEW_TOKENS, "beyond a response an RL step trains on")
+
+
+def check_cache_dir(name: str, folder: str | None) -> None:
+    """The warm-start cache: ``None`` (the default cache) or a folder that exists or can be created."""
+    if folder is None:
+        return
+    problem = folder_problem(folder) if folder.strip() else "the value is empty"
+    if problem:
+        raise ConfigError(f"{name}: {problem}; give a folder (it is created if missing)")
+
+
+def check_minibatches(name: str, counts: int | Sequence[int], batch: int, product: str) -> None:
+    """Minibatches per RL step: each count an integer >= 1 dividing the rollout batch of ``batch`` sequences, so that
+    every minibatch holds as many sequences (unequal ones would weigh sequences differently); the refusal lists the
+    valid counts.
+
+    ``counts``: one count (``moestab train``'s minibatches) or several, at least one (the step-volatility probe's
+    minibatch_counts); ``product`` spells ``batch`` as the setting names it ('prompts_per_step*group_size = 32*8').
+    """
+    several = not isinstance(counts, int)
+    listed = counts if several else [counts]
+    bad = [n for n in listed if not is_integer(n) or n < 1 or batch % n]
+    if not bad and listed:
+        return
+    batch_text = f"the rollout batch of {batch} sequences ({product}); valid: {divisors_text(batch)}"
+    if several:
+        raise ConfigError(f"{name} {shown(bad) if bad else '(none)'} are not valid: each must divide {batch_text}")
+    raise ConfigError(f"{name}={counts} does not divide {batch_text}")
+
+
+def divisors_text(n: int, shown_at_most: int = 24) -> str:
+    """The divisors of ``n`` as 'a, b, c' for an error (the first and last ones when there are many)."""
+    if n > 10**12:  # the search takes sqrt(n) steps
+        return f"the divisors of {n}"
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = small + [n // d for d in reversed(small) if d * d != n]
+    if len(found) > shown_at_most:
+        half = shown_at_most // 2
+        return ", ".join(map(str, found[:half])) + ", ..., " + ", ".join(map(str, found[-half:]))
+    return ", ".join(map(str, found))

@@ -35,7 +35,7 @@ from moestab.probes.one_step import StepRecipe
 from moestab.probes.step_volatility import step_volatility
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig
-from moestab.train.loop import base_policy_path
+from moestab.train.recipe import base_policy_path
 
 hf_logging.disable_progress_bar()
 if SIZE == "smoke":  # a random policy earns no arithmetic reward; smoke uses a reward that varies anyway

@@ -36,7 +36,7 @@ from moestab.probes.one_step import StepRecipe
 from moestab.probes.step_volatility import step_volatility
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig
-from moestab.train.loop import base_policy_path
+from moestab.train.recipe import base_policy_path
 
 hf_logging.disable_progress_bar()
 if SIZE == "smoke":  # an untrained policy earns no sort reward; smoke uses a reward that varies anyway

@@ -35,7 +35,7 @@ from moestab.probes.compare import compare_records
 from moestab.probes.suites import load_suite
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig
-from moestab.train.loop import base_policy_path
+from moestab.train.recipe import base_policy_path
 
 hf_logging.disable_progress_bar()
 P = {"smoke": dict(seeds=[0], texts=16, prompts=16, base={"warm_start_max_steps": 0}),

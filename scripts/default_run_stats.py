@@ -17,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+from moestab.metrics import keys
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
@@ -25,26 +26,28 @@ ROWS = (
     ("warm-start steps", lambda info, m: info.warm_start["record"]["steps"], "{:.0f}"),
     ("eval accuracy at the start", lambda info, m: 100 * info.warm_start_accuracy, "{:.1f}%"),
     ("eval accuracy at the end", lambda info, m: 100 * info.final_accuracy, "{:.1f}%"),
-    ("mean reward, first 5 steps", lambda info, m: m["reward/mean"].iloc[:5].mean(), "{:.3f}"),
-    ("mean reward, last 5 steps", lambda info, m: m["reward/mean"].iloc[-5:].mean(), "{:.3f}"),
-    ("sampled response length, tokens (step mean)", lambda info, m: m["response/length_mean"].mean(), "{:.1f}"),
-    ("RL wall time, s (sum of step times)", lambda info, m: m["time/step_s"].sum(), "{:.0f}"),
-    ("routing changed old->new (slots, step mean)", lambda info, m: 100 * m["routing/old_new/changed"].mean(),
+    ("mean reward, first 5 steps", lambda info, m: m[keys.REWARD_MEAN].iloc[:5].mean(), "{:.3f}"),
+    ("mean reward, last 5 steps", lambda info, m: m[keys.REWARD_MEAN].iloc[-5:].mean(), "{:.3f}"),
+    ("sampled response length, tokens (step mean)", lambda info, m: m[keys.RESPONSE_LENGTH_MEAN].mean(), "{:.1f}"),
+    ("RL wall time, s (sum of step times)", lambda info, m: m[keys.TIME_STEP].sum(), "{:.0f}"),
+    ("routing changed old->new (slots, step mean)",
+     lambda info, m: 100 * m[keys.ROUTING_CHANGED.format(pair="old_new")].mean(), "{:.2f}%"),
+    ("routers flipped old->new", lambda info, m: 100 * m[keys.ROUTING_ROUTER_FLIP.format(pair="old_new")].mean(),
      "{:.2f}%"),
-    ("routers flipped old->new", lambda info, m: 100 * m["routing/old_new/router_flip"].mean(), "{:.2f}%"),
-    ("tokens with >= 1 flipped layer old->new", lambda info, m: 100 * m["routing/old_new/token_flip"].mean(),
-     "{:.1f}%"),
+    ("tokens with >= 1 flipped layer old->new",
+     lambda info, m: 100 * m[keys.ROUTING_TOKEN_FLIP.format(pair="old_new")].mean(), "{:.1f}%"),
     *(
         (f"update->old changed, minibatch {i + 1}",
-         lambda info, m, i=i: 100 * m["routing/update_old/changed_by_minibatch"].map(lambda v: v[i]).mean(),
+         lambda info, m, i=i: 100 * m[keys.ROUTING_UPDATE_DRIFT].map(lambda v: v[i]).mean(),
          "{:.2f}%")
         for i in range(4)
     ),
-    ("GSPO clipped sequences, minibatches 2-4", lambda info, m: 100 * m["clip/seq_frac_later"].mean(), "{:.1f}%"),
-    ("GSPO clipped tokens, minibatches 2-4", lambda info, m: 100 * m["clip/token_frac_later"].mean(), "{:.1f}%"),
+    ("GSPO clipped sequences, minibatches 2-4", lambda info, m: 100 * m[keys.CLIP_SEQ_FRAC_LATER].mean(), "{:.1f}%"),
+    ("GSPO clipped tokens, minibatches 2-4", lambda info, m: 100 * m[keys.CLIP_TOKEN_FRAC_LATER].mean(), "{:.1f}%"),
     ("rollout->trainer routers flipped (free pi_old)",
-     lambda info, m: 100 * m["routing/rollout_old_free/router_flip"].mean(), "{:.3f}%"),
-    ("rollout->trainer k3 (free pi_old)", lambda info, m: m["mismatch/rollout_old_free/k3"].mean(), "{:.1e}"),
+     lambda info, m: 100 * m[keys.ROUTING_ROUTER_FLIP.format(pair="rollout_old_free")].mean(), "{:.3f}%"),
+    ("rollout->trainer k3 (free pi_old)", lambda info, m: m[keys.MISMATCH_K3.format(pair="rollout_old_free")].mean(),
+     "{:.1e}"),
 )
 
 

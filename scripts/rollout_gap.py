@@ -16,16 +16,19 @@ import argparse
 import statistics
 from pathlib import Path
 
+from moestab.metrics import keys
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
 KEYS = (
-    ("routers flipped, rollout vs pi_old as used", "routing/rollout_old/router_flip", 100, "{:.3f}%"),
-    ("tokens with >= 1 flipped layer, as used", "routing/rollout_old/token_flip", 100, "{:.2f}%"),
-    ("k3, rollout vs pi_old as used", "mismatch/rollout_old/k3", 1, "{:.2e}"),
-    ("routers flipped, rollout vs free pi_old", "routing/rollout_old_free/router_flip", 100, "{:.3f}%"),
-    ("tokens with >= 1 flipped layer, free", "routing/rollout_old_free/token_flip", 100, "{:.2f}%"),
-    ("k3, rollout vs free pi_old", "mismatch/rollout_old_free/k3", 1, "{:.2e}"),
+    ("routers flipped, rollout vs pi_old as used", keys.ROUTING_ROUTER_FLIP.format(pair="rollout_old"), 100, "{:.3f}%"),
+    ("tokens with >= 1 flipped layer, as used", keys.ROUTING_TOKEN_FLIP.format(pair="rollout_old"), 100, "{:.2f}%"),
+    ("k3, rollout vs pi_old as used", keys.MISMATCH_K3.format(pair="rollout_old"), 1, "{:.2e}"),
+    ("routers flipped, rollout vs free pi_old", keys.ROUTING_ROUTER_FLIP.format(pair="rollout_old_free"), 100,
+     "{:.3f}%"),
+    ("tokens with >= 1 flipped layer, free", keys.ROUTING_TOKEN_FLIP.format(pair="rollout_old_free"), 100,
+     "{:.2f}%"),
+    ("k3, rollout vs free pi_old", keys.MISMATCH_K3.format(pair="rollout_old_free"), 1, "{:.2e}"),
     ("eval accuracy at the end", None, 100, "{:.1f}%"),
 )
 

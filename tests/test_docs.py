@@ -8,7 +8,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from moestab.analysis.summary import SUMMARY_COLUMNS
+from moestab.analysis.summary import SUMMARY_COLUMNS, SUMMARY_KEYS
+from moestab.metrics import keys as metric_keys
 from moestab.records import schema
 from moestab.train import train
 from tests.train.helpers import tiny_config
@@ -34,6 +35,15 @@ def test_every_metrics_key_is_documented(run_dir):
     missing = sorted(set(line) - documented("metrics.md"))
     assert not missing, f"metrics.jsonl keys missing from docs/metrics.md: {missing}"
     assert {"loss/rspo/gamma_mean", "loss/kl/ref_k3", "eval/accuracy"} <= set(line)  # the conditional ones ran
+
+
+def test_the_metrics_key_reference_is_generated_from_the_key_table():
+    text = (DOCS / "metrics.md").read_text()
+    assert metric_keys.with_reference(text) == text, ("docs/metrics.md's key reference differs from "
+                                                      "moestab/metrics/keys.py: run python scripts/metric_docs.py")
+    with pytest.raises(ValueError, match="between one"):
+        metric_keys.with_reference(text.replace(metric_keys.END_MARKER, ""))
+    assert set(SUMMARY_KEYS.values()) <= set(metric_keys.KEYS)  # analyze averages declared keys
 
 
 def test_every_analyze_key_is_documented():

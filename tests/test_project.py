@@ -71,3 +71,13 @@ def test_ci_runs_both_tiers_and_setup_installs_the_lock():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash scripts/test_tier.sh newest" in ci and "bash scripts/test_tier.sh oldest" in ci
     assert "-c constraints.txt" in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+def test_ruff_is_clean():
+    # The lint rules of pyproject.toml, complexity <= 15 per function included (no hub functions), hold in CI too.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", ".", "--output-format", "concise"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr

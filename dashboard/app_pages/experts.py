@@ -6,6 +6,7 @@ from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import load_at_step, matrix_frame
 from moestab.analysis.experts import metrics_load, metrics_per_layer
+from moestab.metrics import keys
 
 ui.page_header(
     "Experts",
@@ -56,15 +57,15 @@ for run in runs:
                                    domain=(0.0, None))
             charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}")
         elif frame is not None:
-            st.caption("metrics.jsonl has no `experts/load`.")
+            st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD}`.")
     with entropy_cell:
-        entropy = metrics_per_layer(frame, "experts/load_entropy") if frame is not None else pd.DataFrame()
+        entropy = metrics_per_layer(frame, keys.EXPERTS_LOAD_ENTROPY) if frame is not None else pd.DataFrame()
         if len(entropy):
             chart = charts.lines(entropy, "step", "value", series="layer", title="Load entropy per layer",
                                  xlabel="step", ylabel="entropy of the load (nats)", integer_x=True)
             charts.show(chart, entropy, f"Load entropy per layer against step for {run.label}")
         elif frame is not None:
-            st.caption("metrics.jsonl has no `experts/load_entropy`.")
+            st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD_ENTROPY}`.")
     with coact_cell:
         if layer_index >= len(info.recorded_layers):
             st.caption(f"{run.label} records {len(info.recorded_layers)} layer(s).")

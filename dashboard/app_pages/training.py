@@ -5,24 +5,26 @@ import streamlit as st
 from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import metric_curve, stack_runs
+from moestab.metrics import keys
 
 # (metrics.jsonl key, chart title, y label with units). Keys absent from every run are skipped.
 CURVES = [
-    ("reward/mean", "Reward (mean over the rollout batch)", "reward"),
-    ("accuracy", "Rollout accuracy", "fraction of responses correct"),
-    ("eval/accuracy", "Eval accuracy (greedy, fixed eval set; step 0 = start)", "fraction correct"),
-    ("response/length_mean", "Response length (mean)", "tokens"),
-    ("loss", "Policy loss (mean over minibatches)", "loss"),
-    ("loss/kl/old_new_k3", "KL(pi_old ‖ pi_new), k3 estimate", "nats per token"),
-    ("mismatch/rollout_old/k3", "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it)", "nats per token"),
-    ("mismatch/rollout_old_free/k3", "Rollout vs the trainer's free pi_old, k3", "nats per token"),
-    ("grad_norm", "Gradient norm (before clipping, mean over minibatches)", "L2 norm"),
-    ("clip/token_frac_later", "Clipped tokens, minibatches 2..n (GSPO Fig. 2)", "fraction of tokens"),
-    ("clip/seq_frac_later", "Sequences with a clipped token, minibatches 2..n", "fraction of sequences"),
-    ("ratio/token_log_var", "Var(log w) over the step's tokens", "nats²"),
-    ("ratio/seq_log_var", "Var(log s) over the step's sequences", "nats²"),
-    ("entropy", "Policy entropy on response tokens", "nats per token"),
-    ("time/step_s", "Wall time per step", "seconds"),
+    (keys.REWARD_MEAN, "Reward (mean over the rollout batch)", "reward"),
+    (keys.ACCURACY, "Rollout accuracy", "fraction of responses correct"),
+    (keys.EVAL_ACCURACY, "Eval accuracy (greedy, fixed eval set; step 0 = start)", "fraction correct"),
+    (keys.RESPONSE_LENGTH_MEAN, "Response length (mean)", "tokens"),
+    (keys.LOSS, "Policy loss (mean over minibatches)", "loss"),
+    (keys.LOSS_KL_OLD_NEW_K3, "KL(pi_old ‖ pi_new), k3 estimate", "nats per token"),
+    (keys.MISMATCH_K3.format(pair="rollout_old"), "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it)",
+     "nats per token"),
+    (keys.MISMATCH_K3.format(pair="rollout_old_free"), "Rollout vs the trainer's free pi_old, k3", "nats per token"),
+    (keys.GRAD_NORM, "Gradient norm (before clipping, mean over minibatches)", "L2 norm"),
+    (keys.CLIP_TOKEN_FRAC_LATER, "Clipped tokens, minibatches 2..n (GSPO Fig. 2)", "fraction of tokens"),
+    (keys.CLIP_SEQ_FRAC_LATER, "Sequences with a clipped token, minibatches 2..n", "fraction of sequences"),
+    (keys.RATIO_TOKEN_LOG_VAR, "Var(log w) over the step's tokens", "nats²"),
+    (keys.RATIO_SEQ_LOG_VAR, "Var(log s) over the step's sequences", "nats²"),
+    (keys.ENTROPY, "Policy entropy on response tokens", "nats per token"),
+    (keys.TIME_STEP, "Wall time per step", "seconds"),
 ]
 
 ui.page_header(
@@ -49,11 +51,11 @@ curves = [c for c in CURVES if any(c[0] in frame for frame in frames.values())]
 if frames and curves:
     cells = ui.grid(len(curves), per_row=3)
     for cell, (key, title, ylabel) in zip(cells, curves, strict=True):
-        start = start_accuracy if key == "eval/accuracy" else {}
+        start = start_accuracy if key == keys.EVAL_ACCURACY else {}
         data = stack_runs({label: metric_curve(frame, key, start.get(label))
                            for label, frame in frames.items() if key in frame})
         chart = charts.lines(data, "step", "value", title=title, xlabel="step", ylabel=ylabel, colors=colors,
-                             integer_x=True, points=key == "eval/accuracy" or None)
+                             integer_x=True, points=key == keys.EVAL_ACCURACY or None)
         with cell:
             charts.show(chart, data, f"{title} against step")
     with st.expander("Raw metrics"):

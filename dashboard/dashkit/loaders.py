@@ -13,7 +13,6 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generic, TypeVar
 
 import streamlit as st
@@ -25,7 +24,7 @@ from moestab.analysis.experts import load_stats, run_expert_counts
 from moestab.analysis.ratios import clip_fractions, ratio_quantiles, sequence_log_s, variance_by_length
 from moestab.probes.errors import ProbeError
 from moestab.probes.folder import ProbeResult, read_probe_folder
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunError, Skipped
 from moestab.records.reader import load_metrics, load_tokens, read_run_info
 
@@ -85,7 +84,7 @@ def overview(run: str, key: Key) -> Loaded[dict]:
 def metrics(run: str, key: Key) -> Loaded:
     """metrics.jsonl as one row per step (:func:`moestab.records.reader.load_metrics`); no value (and no
     error) while the file does not exist or has no complete step yet."""
-    if not (Path(run) / schema.METRICS_JSONL).is_file():
+    if not RunFolder(run).metrics_file.is_file():
         return Loaded(None)
     loaded = guarded(lambda skipped: load_metrics(run, skipped))
     if loaded.value is not None and len(loaded.value) == 0:

@@ -27,7 +27,7 @@ import pandas as pd
 from moestab.analysis.bins import quantile_bin_index, quantile_edges
 from moestab.metrics.kl import EXTREME_LOG_RATIO
 from moestab.metrics.routes import INVALID, intersection_sizes
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunFileError, Skipped, skip
 from moestab.records.reader import (
     iter_run_batches,
@@ -218,7 +218,7 @@ def run_attribution(
         margin = margin_array(batch.column(schema.COL_MARGIN_OLD)).astype(np.float64)  # [rows, layers]
         if margin.shape != recorded.shape:
             bad_margin.add(step)
-            where = Path(run) / schema.tokens_file(step)
+            where = RunFolder(run).tokens_file(step)
             problem = f"margin_old has {margin.shape[1]} layers, routes {recorded.shape[1]}; its margins are left out"
             skip(skipped, RunFileError(where, problem))
             continue

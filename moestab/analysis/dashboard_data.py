@@ -18,13 +18,12 @@ import pandas as pd
 from moestab.analysis.experts import metrics_per_layer
 from moestab.analysis.ratios import histogram
 from moestab.analysis.summary import run_summary
+from moestab.metrics import keys
 from moestab.metrics.experts import coactivation_counts
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import Skipped
+from moestab.records.folder import RUN_SUBFOLDERS
 from moestab.records.reader import iter_run_batches, read_run_info, route_array
-
-# Folders of a run that never hold another run: not descended into while looking for runs.
-_RUN_SUBFOLDERS = (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR)
 
 OVERVIEW_EXTRA_COLUMNS = ("planned_steps", "updated", "error")
 """Keys :func:`run_overview` adds to :func:`moestab.analysis.summary.run_summary`'s row."""
@@ -45,7 +44,7 @@ def find_runs(root: str | Path, max_depth: int = 3) -> list[Path]:
         raise NotADirectoryError(f"runs folder {root} is not a directory")
     if max_depth < 0:
         raise ValueError(f"max_depth must be >= 0, got {max_depth}")
-    if (root / schema.RUN_JSON).is_file():
+    if RunFolder(root).holds_run:
         return [root]
     found: list[Path] = []
 
@@ -55,9 +54,9 @@ def find_runs(root: str | Path, max_depth: int = 3) -> list[Path]:
         except OSError:  # unreadable folder: nothing to list there
             return
         for child in children:
-            if (child / schema.RUN_JSON).is_file():
+            if RunFolder(child).holds_run:
                 found.append(child)
-            elif depth < max_depth and child.name not in _RUN_SUBFOLDERS:
+            elif depth < max_depth and child.name not in RUN_SUBFOLDERS:  # a run's own folders hold no run
                 visit(child, depth + 1)
 
     if max_depth >= 1:
@@ -72,12 +71,8 @@ def run_fingerprint(run: str | Path) -> tuple[tuple[str, int, int], ...]:
     Missing files are left out (a run without metrics yet has a shorter fingerprint).
     """
     run = Path(run)
-    files = [run / schema.RUN_JSON, run / schema.METRICS_JSONL]
-    tokens = run / schema.TOKENS_DIR
-    if tokens.is_dir():
-        files.extend(p for p in tokens.iterdir() if p.suffix == ".parquet")
     out = []
-    for path in files:
+    for path in RunFolder(run).analyzed_files():
         try:
             stat = path.stat()
         except OSError:
@@ -171,7 +166,7 @@ def metric_curve(metrics: pd.DataFrame, key: str, start: float | None = None) ->
     """
     if key not in metrics:
         return pd.DataFrame({"step": pd.Series(dtype=np.int64), "value": pd.Series(dtype=np.float64)})
-    curve = pd.DataFrame({"step": metrics["step"].to_numpy(np.int64),
+    curve = pd.DataFrame({"step": metrics[keys.STEP].to_numpy(np.int64),
                           "value": pd.to_numeric(metrics[key], errors="coerce").to_numpy(np.float64)})
     curve = curve[curve["value"].notna()].reset_index(drop=True)
     if start is not None:
@@ -195,7 +190,7 @@ def changed_by_layer_step(
     ``layer`` is the recorded layer's label); ``(None, "")`` when neither has it.
     """
     if metrics is not None:
-        tidy = metrics_per_layer(metrics, f"routing/{pair}/changed_by_layer").dropna()
+        tidy = metrics_per_layer(metrics, keys.ROUTING_CHANGED_BY_LAYER.format(pair=pair)).dropna()
         if len(tidy):
             return tidy.rename(columns={"value": "changed"}).reset_index(drop=True), METRICS_SOURCE
     if step_layer is not None and len(step_layer):
@@ -209,7 +204,8 @@ def routing_by_step(
     """Volatility ``metric`` of route pair ``pair`` against step (``step``, ``value``) and its source:
     metrics.jsonl's ``routing/{pair}/{metric}`` when it has the key, else the per-token tables' ``step``
     volatility table; ``(None, "")`` when neither has it."""
-    key = f"routing/{pair}/{metric}"
+    pattern = keys.ROUTE_CHANGE_KEYS.get(metric)  # e.g. jaccard_distance: only the tables have it
+    key = None if pattern is None else pattern.format(pair=pair)
     if metrics is not None and key in metrics:
         return metric_curve(metrics, key), METRICS_SOURCE
     if by_step is not None and len(by_step):

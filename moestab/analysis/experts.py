@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moestab.metrics import keys
 from moestab.metrics.experts import coactivation, coactivation_counts, expert_counts, load_stats
 from moestab.records import schema
 from moestab.records.errors import Skipped
@@ -49,8 +50,8 @@ def metrics_load(metrics: pd.DataFrame) -> pd.DataFrame:
     ``layer`` is the index into the list (MoE-layer ordinal). Empty if the key is absent.
     """
     rows = []
-    if "experts/load" in metrics:
-        for step, load in zip(metrics["step"], metrics["experts/load"], strict=True):
+    if keys.EXPERTS_LOAD in metrics:
+        for step, load in zip(metrics[keys.STEP], metrics[keys.EXPERTS_LOAD], strict=True):
             if not isinstance(load, list):
                 continue
             for layer, shares in enumerate(load):
@@ -65,7 +66,7 @@ def metrics_per_layer(metrics: pd.DataFrame, key: str) -> pd.DataFrame:
     frame ``step``, ``layer``, ``value``. Empty if the key is absent."""
     rows = []
     if key in metrics:
-        for step, values in zip(metrics["step"], metrics[key], strict=True):
+        for step, values in zip(metrics[keys.STEP], metrics[key], strict=True):
             if isinstance(values, list):
                 rows.extend({"step": step, "layer": layer, "value": v} for layer, v in enumerate(values))
     frame = pd.DataFrame(rows, columns=["step", "layer", "value"])

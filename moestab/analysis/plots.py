@@ -18,11 +18,13 @@ from moestab.analysis.attribution import Attribution, run_attribution
 from moestab.analysis.experts import metrics_per_layer
 from moestab.analysis.ratios import ratio_histograms
 from moestab.analysis.volatility import run_volatility, volatility_table
-from moestab.records import schema
+from moestab.metrics import keys
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunFileError, Skipped, skip
 from moestab.records.reader import list_token_files, load_metrics, load_tokens
 
-CURVE_KEYS = (("reward/mean", "reward (mean)"), ("accuracy", "rollout accuracy"), ("eval/accuracy", "eval accuracy"))
+CURVE_KEYS = ((keys.REWARD_MEAN, "reward (mean)"), (keys.ACCURACY, "rollout accuracy"),
+              (keys.EVAL_ACCURACY, "eval accuracy"))
 
 
 def _figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
@@ -49,7 +51,7 @@ def plot_curves(metrics: pd.DataFrame) -> Figure:
             if key in part:
                 values = pd.to_numeric(part[key], errors="coerce")
                 ok = values.notna()
-                ax.plot(part["step"][ok], values[ok], marker="o" if key == "eval/accuracy" else None, label=name)
+                ax.plot(part["step"][ok], values[ok], marker="o" if key == keys.EVAL_ACCURACY else None, label=name)
     for ax, (_, title) in zip(axes, CURVE_KEYS, strict=True):
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -130,7 +132,7 @@ def _heatmap_table(
     run: str | Path, metrics: pd.DataFrame | None, pair: str, skipped: list[Skipped] | None
 ) -> pd.DataFrame | None:
     if metrics is not None:
-        tidy = metrics_per_layer(metrics, f"routing/{pair}/changed_by_layer").dropna()
+        tidy = metrics_per_layer(metrics, keys.ROUTING_CHANGED_BY_LAYER.format(pair=pair)).dropna()
         if len(tidy):
             return tidy.rename(columns={"value": "changed"})
     counts = run_volatility(run, pair, skipped=skipped)
@@ -168,5 +170,5 @@ def write_run_plots(run: str | Path, out_dir: str | Path, skipped: list[Skipped]
         if attribution is not None:
             written.append(save_figure(plot_attribution(attribution), out / "attribution.png"))
     else:
-        skip(skipped, RunFileError(Path(run) / schema.TOKENS_DIR, "no per-token tables: no ratio or attribution plots"))
+        skip(skipped, RunFileError(RunFolder(run).tokens_dir, "no per-token tables: no ratio or attribution plots"))
     return written

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from moestab.analysis.bins import DEFAULT_LENGTH_EDGES, bin_left_edges
-from moestab.metrics.ratios import CLIP_FRACTIONS
+from moestab.metrics.ratios import CLIP_FRACTIONS, sequence_log_ratios
 from moestab.metrics.ratios import clip_fractions as clip_stats
 from moestab.records import schema
 
@@ -32,13 +32,22 @@ def _require(frame: pd.DataFrame, columns: Sequence[str]) -> None:
         raise KeyError(f"per-token frame lacks column(s) {missing}; has {list(frame.columns)}")
 
 
+def _sequence_ids(tokens: pd.DataFrame) -> np.ndarray:
+    """``[rows]`` int64 id of each row's sequence, (``step``, ``seq``) in one number."""
+    return tokens[schema.COL_STEP].to_numpy(np.int64) * (1 << 32) + tokens[schema.COL_SEQ].to_numpy(np.int64)
+
+
 def sequence_log_s(tokens: pd.DataFrame) -> pd.DataFrame:
-    """One row per sequence (``step``, ``seq``): ``log_s`` (mean ``log_w``), ``tokens``, ``clipped``
+    """One row per sequence (``step``, ``seq``): ``log_s`` (mean ``log_w``:
+    :func:`moestab.metrics.ratios.sequence_log_ratios`, the step metrics' definition), ``tokens``, ``clipped``
     (any token clipped) and, when present in ``tokens``, ``response_length`` and ``reward``."""
     _require(tokens, [schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W])
-    keys = [schema.COL_STEP, schema.COL_SEQ]
-    grouped = tokens.groupby(keys, sort=True)
-    out = grouped[schema.COL_LOG_W].agg(log_s="mean", tokens="size")
+    grouped = tokens.groupby([schema.COL_STEP, schema.COL_SEQ], sort=True)
+    out = grouped.size().to_frame("tokens")
+    sequence = _sequence_ids(tokens)
+    log_s = pd.Series(sequence_log_ratios(tokens[schema.COL_LOG_W].to_numpy(), sequence), index=pd.unique(sequence))
+    step, seq = (out.index.get_level_values(level).to_numpy(np.int64) for level in (0, 1))
+    out.insert(0, "log_s", log_s.reindex(step * (1 << 32) + seq).to_numpy())
     if schema.COL_CLIPPED in tokens:
         out["clipped"] = grouped[schema.COL_CLIPPED].any()
     for column in (schema.COL_RESPONSE_LEN, schema.COL_REWARD):
@@ -115,7 +124,7 @@ def clip_fractions(tokens: pd.DataFrame, by: Sequence[str] = (schema.COL_STEP,))
     rows = []
     groups = tokens.groupby(by, sort=True) if by else [((), tokens)]
     for key, part in groups:
-        sequence = part[schema.COL_STEP].to_numpy(np.int64) * (1 << 32) + part[schema.COL_SEQ].to_numpy(np.int64)
+        sequence = _sequence_ids(part)
         stats = clip_stats(part[schema.COL_CLIPPED].to_numpy(bool), sequence, part[schema.COL_MINIBATCH].to_numpy())
         values = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip(by, values, strict=True)), "tokens": len(part),

@@ -18,6 +18,7 @@ import pandas as pd
 from moestab.analysis.mismatch import mismatch_by_step
 from moestab.analysis.ratios import clip_fractions
 from moestab.analysis.volatility import run_volatility, volatility_table
+from moestab.metrics import keys
 from moestab.records import schema
 from moestab.records.errors import RunFileError, Skipped, skip
 from moestab.records.reader import (
@@ -29,19 +30,21 @@ from moestab.records.reader import (
     read_run_info,
 )
 
+_ROUTE_STATS = ("changed", "router_flip", "token_flip")
+"""The routing-change statistics the summary averages (``old_new`` all three; the rollout pairs the flips)."""
+_CLIP_STATS = ("token_frac", "token_frac_later", "seq_frac", "seq_frac_later")
+
 SUMMARY_KEYS: dict[str, str] = {
-    "old_new_changed": "routing/old_new/changed",
-    "old_new_router_flip": "routing/old_new/router_flip",
-    "old_new_token_flip": "routing/old_new/token_flip",
+    **{f"old_new_{stat}": keys.ROUTE_CHANGE_KEYS[stat].format(pair="old_new") for stat in _ROUTE_STATS},
     **{
-        f"{pair}_{stat}": f"{prefix}/{pair}/{stat}"
+        f"{pair}_{stat}": patterns[stat].format(pair=pair)
         for pair in schema.LOGP_PAIRS
-        for prefix, stats in (("routing", ("router_flip", "token_flip")), ("mismatch", ("k1", "k3", "f2")))
+        for patterns, stats in ((keys.ROUTE_CHANGE_KEYS, _ROUTE_STATS[1:]), (keys.MISMATCH_KEYS, keys.MISMATCH_KEYS))
         for stat in stats
     },
-    **{f"clip_{name}": f"clip/{name}" for name in ("token_frac", "token_frac_later", "seq_frac", "seq_frac_later")},
+    **{f"clip_{stat}": keys.CLIP_KEYS[stat] for stat in _CLIP_STATS},
 }
-"""Summary column -> the metrics.jsonl key averaged over steps (docs/metrics.md)."""
+"""Summary column -> the metrics.jsonl key (:mod:`moestab.metrics.keys`) averaged over steps (docs/metrics.md)."""
 
 SUMMARY_COLUMNS = (
     "run", "algo", "replay", "model", "status", "steps", "final_accuracy", "warm_start_accuracy",
@@ -76,25 +79,26 @@ def _last_of(metrics: pd.DataFrame | None, key: str) -> float:
 
 
 def step_metrics_from_tokens(run: str | Path, skipped: list[Skipped] | None = None) -> pd.DataFrame:
-    """The :data:`SUMMARY_KEYS` metrics per step, recomputed from the per-token tables (recorded tokens only).
+    """The :data:`SUMMARY_KEYS` metrics per step, recomputed from the per-token tables (recorded tokens only) by the
+    functions the recording layer calls on the step's tensors.
 
     One row per step with a ``step`` column and the metrics.jsonl keys as columns.
     """
     frames = []
-    for pair in ("old_new", *schema.LOGP_PAIRS):
+    for pair in keys.ROUTE_METRIC_PAIRS:
         counts = run_volatility(run, pair, skipped=skipped)
         if counts is not None:
-            table = volatility_table(counts, by=["step"]).set_index("step")
-            frames.append(table[["changed", "router_flip", "token_flip"]].add_prefix(f"routing/{pair}/"))
+            table = volatility_table(counts, by=["step"]).set_index("step")[list(_ROUTE_STATS)]
+            frames.append(table.rename(columns=lambda stat, pair=pair: keys.ROUTE_CHANGE_KEYS[stat].format(pair=pair)))
     columns = [schema.COL_STEP, schema.COL_SEQ, schema.COL_MINIBATCH, schema.COL_CLIPPED,
                *dict.fromkeys(c for pair in schema.LOGP_PAIRS.values() for c in pair)]
     tokens = load_tokens(run, columns=columns, skipped=skipped)
     if len(tokens):
         for pair in schema.LOGP_PAIRS:
-            mm = mismatch_by_step(tokens, pair).set_index("step")[["k1", "k3", "f2"]]
-            frames.append(mm.add_prefix(f"mismatch/{pair}/"))
-        clip = clip_fractions(tokens).set_index("step").drop(columns=["tokens", "sequences"])
-        frames.append(clip.add_prefix("clip/"))
+            mm = mismatch_by_step(tokens, pair).set_index("step")[list(keys.MISMATCH_KEYS)]
+            frames.append(mm.rename(columns=lambda stat, pair=pair: keys.MISMATCH_KEYS[stat].format(pair=pair)))
+        clip = clip_fractions(tokens).set_index("step")[list(keys.CLIP_KEYS)]
+        frames.append(clip.rename(columns=keys.CLIP_KEYS))
     if not frames:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     return pd.concat(frames, axis=1).rename_axis("step").reset_index()
@@ -135,7 +139,7 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[s
     if metrics is not None and metrics.empty and info.last_step > 0:  # its steps were lost: not a run of 0 steps
         _no_logged_step(run, info.last_step, skipped)
         metrics = None
-    final = info.final_accuracy if info.final_accuracy is not None else _last_of(metrics, "eval/accuracy")
+    final = info.final_accuracy if info.final_accuracy is not None else _last_of(metrics, keys.EVAL_ACCURACY)
     damage = metrics_step_problem(run)
     row: dict[str, Any] = {
         "run": info.name,

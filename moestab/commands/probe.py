@@ -10,6 +10,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moestab.probes.folder import ProbeResult
 
 HELP = ("Probe MoE checkpoints without training: compare two, precision numerics, router saturation, one RL step's "
         "volatility by lr and minibatches, volatility against depth.")
@@ -29,9 +33,9 @@ def _json_target(value: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from moestab.configs import MAX_NEW_TOKENS
     from moestab.probes.runner import PROBES, ProbeSettings
     from moestab.probes.suites import SUITE_FORMS
-    from moestab.train.config import MAX_NEW_TOKENS
 
     d = ProbeSettings()
 
@@ -87,63 +91,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "choice)")
 
 
-def _check_out(path: Path | None, what: str) -> None:
-    from moestab.probes.errors import ProbeError
-
-    if path is not None and path.exists() and not path.is_dir():
-        raise ProbeError(f"{what} {path} exists and is not a folder")
-
-
 def run(args: argparse.Namespace) -> int:
-    from moestab.probes.checkpoints import resolve_checkpoints
     from moestab.probes.errors import ProbeError
-    from moestab.probes.folder import ProbeResult, write_probe_folder
-    from moestab.probes.plots import plot_probe
-    from moestab.probes.runner import ProbeSettings, get_probe, run_probe, select_checkpoints
-    from moestab.probes.suites import GENERAL, load_suite
-    from moestab.text import MESSAGE_LIMIT, clip, shown
-    from moestab.train.config import MAX_THREADS
+    from moestab.probes.folder import check_output_targets
+    from moestab.probes.runner import ProbeSettings, probe_inputs, run_probe
+    from moestab.text import MESSAGE_LIMIT, clip
 
     try:
-        probe = get_probe(args.probe)
-        if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
-            rule = ">= 1" if args.threads < 1 else f"at most {MAX_THREADS:,} (more than any machine's cores)"
-            raise ProbeError(f"--threads must be {rule}, got {shown(args.threads)}")
         settings = ProbeSettings(dtype=args.dtype, other_dtype=args.other_dtype, device=args.device,
                                  batch_size=args.batch_size, max_tokens=args.max_tokens, reference=args.reference,
                                  task=args.task, algo=args.algo, prompts=args.prompts, group_size=args.group_size,
                                  seed=args.seed, max_new_tokens=args.max_new_tokens, lrs=tuple(args.lrs),
                                  minibatch_counts=tuple(args.minibatch_counts), layers=tuple(args.layers), lr=args.lr,
                                  model=args.model, warm_start=args.warm_start, cache_dir=args.cache_dir,
-                                 progress=not args.no_progress)
-        settings.check()
-        if args.count is not None and args.count < 1:
-            raise ProbeError(f"--count must be >= 1, got {args.count}")
-        checkpoints = select_checkpoints(args.probe, [resolve_checkpoints([c]) for c in args.checkpoints])
-        suite = None
-        if probe.own_suite is None:
-            suite = load_suite(GENERAL if args.suite is None else args.suite, args.count)
-        elif args.suite is not None or args.count is not None:
-            raise ProbeError(f"{args.probe} takes no --suite or --count: it runs RL steps on --task's prompts "
-                             "(--prompts sets how many)")
-        for path, what in ((args.out, "--out"), (args.csv, "--csv"), (args.plots, "--plots")):
-            _check_out(path, what)
-        if args.json not in (None, "-") and Path(args.json).is_dir():
-            raise ProbeError(f"--json {args.json} is a folder; give a file, or '-' for stdout")
+                                 progress=not args.no_progress, threads=args.threads)
+        checkpoints, suite = probe_inputs(args.probe, args.checkpoints, args.suite, args.count, settings)
+        check_output_targets(out=args.out, csv=args.csv, plots=args.plots, json_file=args.json)
         if args.threads is not None:  # the process's environment is the command's to set, not the library's
             import torch
 
             torch.set_num_threads(args.threads)
-        result: ProbeResult = run_probe(args.probe, checkpoints, suite, settings)
+        result = run_probe(args.probe, checkpoints, suite, settings)
     except ProbeError as exc:
         print(f"moestab probe: error: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
-    on = ", ".join(c.label for c in checkpoints) or "its own policies"
+    _print_result(result, ", ".join(c.label for c in checkpoints) or "its own policies")
+    _save_result(result, args)
+    return 0
+
+
+def _print_result(result: ProbeResult, on: str) -> None:
+    """The probe, what it ran on, and each of its tables."""
     manifest = result.suite
     print(f"probe {result.probe} on {on}; suite {manifest['name']} ({manifest['count']} texts, sha256 "
           f"{str(manifest['sha256'])[:12]})")
     for name, table in result.tables.items():
         print(f"\n{name}:\n{table.to_string(index=False, float_format=lambda x: f'{x:.4g}')}")
+
+
+def _save_result(result: ProbeResult, args: argparse.Namespace) -> None:
+    """Whichever of --out, --json, --csv and --plots were given."""
+    from moestab.probes.folder import write_probe_folder
+    from moestab.probes.plots import plot_probe
+
     if args.out is not None:
         print(f"\nprobe folder: {write_probe_folder(result, args.out)}")
     if args.json is not None:
@@ -159,4 +149,3 @@ def run(args: argparse.Namespace) -> int:
     if args.plots is not None:
         for path in plot_probe(result, args.plots):
             print(f"figure: {path}")
-    return 0

@@ -23,27 +23,21 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from moestab.configs import ConfigError, build_config, load_yaml
+    from moestab.configs import ConfigError
     from moestab.records.errors import RunError
     from moestab.records.run_info import read_run_info
     from moestab.routing import RoutingError
     from moestab.tasks import TaskError
     from moestab.text import MESSAGE_LIMIT, clip
-    from moestab.train import TrainConfig, TrainingError, train
+    from moestab.train import TrainingError, train
+    from moestab.train.config import load_train_config
     from moestab.train.distributed import world_from_env
     from moestab.train.interrupt import exit_status
 
     hf_logging.disable_progress_bar()  # per-checkpoint load/save bars would drown the training bar
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "config")}
     try:
-        layers = [load_yaml(args.config) if args.config is not None else {}, flags]
-        config = build_config(TrainConfig, *layers)  # the flags alone must be valid
-        if config.resume:  # a run is resumed with its own settings; flags may change only the resumable ones
-            try:
-                saved = {k: v for k, v in read_run_info(config.resume).config.items() if k not in ("out", "resume")}
-            except RunError as exc:
-                raise TrainingError(f"--resume {config.resume}: {exc}") from exc
-            config = build_config(TrainConfig, saved, *layers)
+        config = load_train_config(args.config, flags)  # with --resume: the run's own settings, then these
         if config.nproc > 1 and world_from_env().size == 1:  # start the processes; each runs this command
             from moestab.train.launch import launch
 

@@ -13,7 +13,7 @@ from moestab.metrics.routes import intersection_sizes, route_change
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig
 from moestab.train.forward import chunked_policy_forward, response_routes
-from moestab.train.loop import base_policy_path
+from moestab.train.recipe import base_policy_path
 from moestab.train.rollout import HFRolloutEngine
 
 SIDES = (("free routing", {}), ("R3: forced experts", {"replay": True}),

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from moestab.configs import build_config, config_to_dict
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunError
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
@@ -63,7 +63,7 @@ def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = print) -> 
         if is_finished(run):
             continue
         log(f"[{i}/{len(runs)}] {run.run_dir.name}")
-        overwrite = (run.run_dir / schema.RUN_JSON).is_file()
+        overwrite = RunFolder(run.run_dir).holds_run
         train(build_config(TrainConfig, {**config_to_dict(run.config), "overwrite": overwrite}), log=lambda s: None)
     return [run.run_dir for run in runs]
 

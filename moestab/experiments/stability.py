@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from moestab.metrics import keys
 from moestab.records.reader import load_metrics, read_run_info
 
 SPIKE_FACTOR = 3.0
@@ -25,11 +26,11 @@ def grad_spikes(grad_norm_max: pd.Series, factor: float = SPIKE_FACTOR) -> pd.Se
 def collapse_step(metrics: pd.DataFrame, start_accuracy: float | None, drop: float = COLLAPSE_DROP) -> int | None:
     """The first evaluated step whose eval accuracy is more than ``drop`` below ``start_accuracy``; None if none
     is (or the start is unknown). Resolution is the run's ``eval_every``."""
-    if start_accuracy is None or "eval/accuracy" not in metrics:
+    if start_accuracy is None or keys.EVAL_ACCURACY not in metrics:
         return None
-    evaluated = metrics.dropna(subset=["eval/accuracy"])
-    below = evaluated[evaluated["eval/accuracy"] < start_accuracy - drop]
-    return int(below["step"].iloc[0]) if len(below) else None
+    evaluated = metrics.dropna(subset=[keys.EVAL_ACCURACY])
+    below = evaluated[evaluated[keys.EVAL_ACCURACY] < start_accuracy - drop]
+    return int(below[keys.STEP].iloc[0]) if len(below) else None
 
 
 def run_stability(run: str | Path) -> dict[str, float | None]:
@@ -46,19 +47,20 @@ def run_stability(run: str | Path) -> dict[str, float | None]:
     info = read_run_info(run)
     start, final = info.warm_start_accuracy, info.final_accuracy
     quarter = max(1, len(m) // 4)
-    spikes = grad_spikes(m["grad_norm_max"])
-    rolling = m["reward/mean"].rolling(5, min_periods=1).mean()
+    spikes = grad_spikes(m[keys.GRAD_NORM_MAX])
+    reward, steps = m[keys.REWARD_MEAN], m[keys.STEP]
+    rolling = reward.rolling(5, min_periods=1).mean()
     return {
         "start_acc": start,
         "final_acc": final,
-        "reward_gain": float(m["reward/mean"].iloc[-quarter:].mean() - m["reward/mean"].iloc[:quarter].mean()),
-        "ratio_log_var": float(m["ratio/token_log_var"].mean()),
-        "clip_later": float(m["clip/token_frac_later"].mean()),
+        "reward_gain": float(reward.iloc[-quarter:].mean() - reward.iloc[:quarter].mean()),
+        "ratio_log_var": float(m[keys.RATIO_TOKEN_LOG_VAR].mean()),
+        "clip_later": float(m[keys.CLIP_TOKEN_FRAC_LATER].mean()),
         "grad_spikes": float(spikes.sum()),
-        "first_spike_step": int(m["step"][spikes].iloc[0]) if spikes.any() else None,
+        "first_spike_step": int(steps[spikes].iloc[0]) if spikes.any() else None,
         "collapse": float(start is not None and final is not None and final < start - COLLAPSE_DROP),
         "collapse_step": collapse_step(m, start),
-        "peak_reward_step": int(m["step"].iloc[int(rolling.to_numpy().argmax())]),
-        "vol": float(m["routing/old_new/changed"].mean()),
-        "rollout_flip": float(m["routing/rollout_old_free/router_flip"].mean()),
+        "peak_reward_step": int(steps.iloc[int(rolling.to_numpy().argmax())]),
+        "vol": float(m[keys.ROUTING_CHANGED.format(pair="old_new")].mean()),
+        "rollout_flip": float(m[keys.ROUTING_ROUTER_FLIP.format(pair="rollout_old_free")].mean()),
     }

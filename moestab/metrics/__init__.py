@@ -8,6 +8,10 @@ the per-token tables are one computation (docs/metrics.md lists every key and it
                 (changed, router_flip, token_flip, ...)
 - ``kl``        per-token k1 / k3 estimators and the extreme-token threshold (F(2))
 - ``mismatch``  rollout -> trainer log-prob mismatch (k1, k3, f2, chi2)
-- ``ratios``    step ratio statistics (``w``, ``s``) and clip fractions (all minibatches and 2..n)
+- ``ratios``    step ratio statistics (``w``, ``s``; the owner of ``log s``) and clip fractions (all minibatches
+                and 2..n)
+- ``clipping``  the one definition of a clip fraction, shared with the loss's diagnostics (numpy or torch)
 - ``experts``   expert load, load entropy, co-activation
+- ``keys``      every metrics.jsonl key, declared once: type and shape, computing function, definition (the table
+                docs/metrics.md's key reference is generated from)
 """

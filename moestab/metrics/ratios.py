@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from moestab.metrics.clipping import clipped_fraction
+
 CLIP_FRACTIONS = ("token_frac", "seq_frac", "token_frac_later", "seq_frac_later")
 """Keys of :func:`clip_fractions`."""
 
@@ -38,7 +40,7 @@ def clip_fractions(clipped: np.ndarray, sequence: np.ndarray, minibatch: np.ndar
     Returns:
         ``token_frac`` (clipped tokens / tokens), ``seq_frac`` (sequences with a clipped token /
         sequences), and ``token_frac_later``, ``seq_frac_later`` over the tokens of minibatches >= 1
-        (NaN when there are none, e.g. a single minibatch).
+        (NaN when there are none, e.g. a single minibatch); each a :func:`~moestab.metrics.clipping.clipped_fraction`.
     """
     clipped = np.asarray(clipped, dtype=bool)
     minibatch = np.asarray(minibatch)
@@ -48,22 +50,23 @@ def clip_fractions(clipped: np.ndarray, sequence: np.ndarray, minibatch: np.ndar
     seq_clipped = np.bincount(codes, weights=clipped, minlength=n_seqs) > 0  # [sequences]
     seq_minibatch = np.zeros(n_seqs, minibatch.dtype)
     seq_minibatch[codes] = minibatch  # [sequences]; all tokens of a sequence share its minibatch
-    later_tokens = minibatch > 0
-    later_seqs = seq_minibatch > 0
-
-    def share(flags: np.ndarray) -> float:
-        return float(flags.mean()) if flags.size else float("nan")
-
+    every_token, every_seq = np.ones_like(clipped), np.ones_like(seq_clipped)
     return {
-        "token_frac": share(clipped),
-        "seq_frac": share(seq_clipped),
-        "token_frac_later": share(clipped[later_tokens]),
-        "seq_frac_later": share(seq_clipped[later_seqs]),
+        "token_frac": clipped_fraction(clipped, every_token),
+        "seq_frac": clipped_fraction(seq_clipped, every_seq),
+        "token_frac_later": clipped_fraction(clipped, minibatch > 0),
+        "seq_frac_later": clipped_fraction(seq_clipped, seq_minibatch > 0),
     }
 
 
 def sequence_log_ratios(log_w: np.ndarray, sequence: np.ndarray) -> np.ndarray:
-    """``log s`` per sequence ``[sequences]`` (in order of first appearance): the mean ``log w`` of its tokens."""
+    """``log s`` per sequence ``[sequences]`` (in order of first appearance): the mean ``log w`` of its tokens.
+
+    The owner of ``log s`` for every measurement: the step's ``ratio/seq_*`` and ``moestab analyze`` /
+    the dashboard (:func:`moestab.analysis.ratios.sequence_log_s`) call it, in float64 over the tokens as recorded.
+    The loss keeps its own differentiable form on the padded batch, ``moestab.rl.ratios.sequence_log_ratios``
+    (torch, gradients through every token, on the loss's device); tests/metrics/test_owners.py checks the two agree.
+    """
     codes, n_seqs = _sequence_codes(sequence)
     sums = np.bincount(codes, weights=np.asarray(log_w, np.float64), minlength=n_seqs)
     return sums / np.bincount(codes, minlength=n_seqs)

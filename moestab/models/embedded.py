@@ -6,15 +6,15 @@ Built in code from a seed (no download, ever). ``save_pretrained`` output loads 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from moestab.models.families import tiny_config
 from moestab.models.spec import EmbeddedModelSpec
 from moestab.models.tokenizer import build_char_tokenizer
+from moestab.records.folder import replace_folder
 
 
 def build_embedded_policy(spec: EmbeddedModelSpec | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -45,17 +45,16 @@ def save_policy(
     """Write a Hugging Face folder (safetensors + tokenizer) atomically: a folder that exists is complete.
     ``state_dict``: the weights to write (default: the model's own; a sharded model passes its gathered weights)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(path)
+    replace_folder(path, lambda folder: write_policy(model, tokenizer, folder, state_dict=state_dict))
     return path
+
+
+def write_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Write the Hugging Face folder of ``model`` and ``tokenizer`` into ``folder``, as it goes (not atomically: the
+    callers write into a temporary folder, :func:`moestab.records.folder.replace_folder`)."""
+    model.save_pretrained(folder, state_dict=state_dict)
+    tokenizer.save_pretrained(folder)
 

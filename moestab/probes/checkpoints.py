@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.probes.errors import ProbeError
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunError, SchemaVersionError
 from moestab.records.reader import list_checkpoints, read_run_info
 from moestab.routing import find_routers
@@ -40,7 +40,7 @@ def resolve_checkpoints(paths: Sequence[str | Path]) -> list[Checkpoint]:
         path = Path(raw)
         if not path.exists():
             raise ProbeError(f"{path} does not exist; give a moestab run folder or a Hugging Face model folder")
-        run_json = (path / schema.RUN_JSON).is_file()
+        run_json = RunFolder(path).holds_run
         foreign = _foreign_run_json(path) if run_json else None
         if run_json and foreign is None:
             steps = list_checkpoints(path)

@@ -26,6 +26,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.metrics import keys
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
 from moestab.models.spec import MODEL_SPEC_GRAMMAR
 from moestab.probes.checkpoints import Checkpoint, check_dtype, load_checkpoint
@@ -34,7 +35,7 @@ from moestab.probes.one_step import StepRecipe, one_step, require_signal, step_r
 from moestab.routing import find_routers
 from moestab.tasks.spec import parse_spec
 from moestab.train.config import TrainConfig
-from moestab.train.loop import base_policy_path
+from moestab.train.recipe import base_policy_path
 
 MAX_LAYERS = 64
 """Deepest policy the probe builds (a guard against typos such as 160 for 16)."""
@@ -110,8 +111,9 @@ def depth(
         metrics = one_step(policy, tokenizer, recipe, lr=lr, minibatches=1)
         require_signal(metrics, f"depth {n}")
         rows.append({"depth": n, **step_row(metrics, DEPTH_COLUMNS), "warm_start_accuracy": accuracy})
+        changed_by_layer = metrics[keys.ROUTING_CHANGED_BY_LAYER.format(pair="old_new")]
         by_layer += [{"depth": n, "layer": layer, "changed": changed}
-                     for layer, changed in zip(moe_layers, metrics["routing/old_new/changed_by_layer"], strict=True)]
+                     for layer, changed in zip(moe_layers, changed_by_layer, strict=True)]
     return {"depth": pd.DataFrame(rows, columns=["depth", *DEPTH_COLUMNS, "warm_start_accuracy"]).astype(
                 {"warm_start_accuracy": float}),
             "depth_by_layer": pd.DataFrame(by_layer, columns=["depth", "layer", "changed"])}

@@ -53,6 +53,17 @@ def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
     return out
 
 
+def check_output_targets(*, out: Path | None = None, csv: Path | None = None, plots: Path | None = None,
+                         json_file: str | None = None) -> None:
+    """Refuse, before a probe runs, outputs that could not be written: a folder option (``moestab probe --out``,
+    ``--csv``, ``--plots``) naming an existing file, or ``--json`` naming a folder (``-`` is stdout)."""
+    for path, what in ((out, "--out"), (csv, "--csv"), (plots, "--plots")):
+        if path is not None and path.exists() and not path.is_dir():
+            raise ProbeError(f"{what} {path} exists and is not a folder")
+    if json_file not in (None, "-") and Path(json_file).is_dir():
+        raise ProbeError(f"--json {json_file} is a folder; give a file, or '-' for stdout")
+
+
 def read_probe_folder(path: str | Path) -> ProbeResult:
     """The probe folder at ``path``; a damaged one (probe.json not JSON or lacking a key, a listed table missing or
     not CSV) raises :class:`ProbeError` naming the file."""

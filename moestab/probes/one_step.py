@@ -2,10 +2,10 @@
 
 The step is ``moestab train``'s step :data:`FIRST_STEP` with ``--seed`` ``seed``: the same prompts
 (``step_examples``), torch seed for the rollout's sampling, minibatch split and dynamic-sampling draws, and the
-step settings ``moestab.train.loop.step_settings`` resolves from a ``TrainConfig`` (preset, clip range, DAPO's shaping;
-routing replay off; temperature, grad clipping and weight decay at ``moestab train``'s defaults). Only the learning
-rate bypasses the config: the optimizer (``build_optimizer``, as training builds it, fresh) gets it directly, so
-lr = 0, the control under which nothing may change, is allowed although ``moestab train`` refuses it.
+step settings ``moestab.train.recipe.step_settings`` resolves from a ``TrainConfig`` (preset, clip range, DAPO's
+shaping; routing replay off; temperature, grad clipping and weight decay at ``moestab train``'s defaults). Only the
+learning rate bypasses the config: the optimizer (``build_optimizer``, as training builds it, fresh) gets it directly,
+so lr = 0, the control under which nothing may change, is allowed although ``moestab train`` refuses it.
 
 Every number a step probe reports is read from the metrics ``run_step`` returns, i.e. the values metrics.jsonl would
 hold (:data:`STEP_COLUMNS`, keys of docs/metrics.md); nothing is recomputed here.
@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.analysis.summary import SUMMARY_KEYS
 from moestab.configs import ConfigError
+from moestab.metrics import keys
 from moestab.probes.checkpoints import Checkpoint
 from moestab.probes.errors import ProbeError
 from moestab.probes.suites import TASK_PREFIX, ProbeSuite
@@ -28,8 +29,8 @@ from moestab.records.reader import read_run_info
 from moestab.tasks import DEFAULT_TASK, Example, Task, task_from_spec
 from moestab.text import shown
 from moestab.train.config import TrainConfig
-from moestab.train.loop import response_budget, step_settings
 from moestab.train.optim import build_optimizer
+from moestab.train.recipe import response_budget, step_settings
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, extra_examples, run_step, step_examples, step_seed
 
@@ -39,12 +40,12 @@ FIRST_STEP = 1
 STEP_COLUMNS: dict[str, str] = {
     # The names `moestab analyze` gives the same keys (SUMMARY_KEYS), so a probe row reads like a run's summary.
     **{name: SUMMARY_KEYS[name] for name in ("old_new_changed", "old_new_router_flip", "old_new_token_flip")},
-    "ratio_token_log_var": "ratio/token_log_var",
-    "ratio_seq_log_var": "ratio/seq_log_var",
+    "ratio_token_log_var": keys.RATIO_TOKEN_LOG_VAR,
+    "ratio_seq_log_var": keys.RATIO_SEQ_LOG_VAR,
     **{name: SUMMARY_KEYS[name] for name in ("clip_token_frac", "clip_token_frac_later")},
-    "reward_mean": "reward/mean",
-    "advantage_nonzero_frac": "advantage/nonzero_frac",
-    "grad_norm": "grad_norm",
+    "reward_mean": keys.REWARD_MEAN,
+    "advantage_nonzero_frac": keys.ADVANTAGE_NONZERO,
+    "grad_norm": keys.GRAD_NORM,
 }
 """Column of a step probe's table -> the metrics.jsonl key it holds (docs/metrics.md)."""
 
@@ -139,8 +140,8 @@ def step_row(metrics: dict[str, object], columns: Sequence[str] = tuple(STEP_COL
 def require_signal(metrics: dict[str, object], where: str) -> None:
     """Refuse a step without learning signal: with every advantage 0 the policy loss has no gradient, so no update
     moves anything and every volatility would read 0 whatever the setting."""
-    if metrics["advantage/nonzero_frac"] == 0:
-        raise ProbeError(f"{where}: every group's rewards were equal (mean reward {metrics['reward/mean']:.3g}), so "
+    if metrics[keys.ADVANTAGE_NONZERO] == 0:
+        raise ProbeError(f"{where}: every group's rewards were equal (mean reward {metrics[keys.REWARD_MEAN]:.3g}), so "
                          "every advantage was 0 and the update changed nothing; use a policy that is sometimes right "
                          "(a trained checkpoint, depth: --warm-start), more --prompts or --group-size, or a task whose "
                          "reward varies (e.g. 'arithmetic:reward=FILE.py:FUNCTION')")

@@ -7,14 +7,30 @@ RL steps on a task's prompts, which their result records as its suite.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pandas as pd
 
-from moestab.configs import ConfigError, folder_problem
-from moestab.probes.checkpoints import Checkpoint, check_dtype, check_same_architecture, load_checkpoint
+from moestab.configs import (
+    ConfigError,
+    check_at_least,
+    check_cache_dir,
+    check_group_size,
+    check_minibatches,
+    check_response_cap,
+    check_seed,
+    check_threads,
+    is_finite_number,
+)
+from moestab.probes.checkpoints import (
+    Checkpoint,
+    check_dtype,
+    check_same_architecture,
+    load_checkpoint,
+    resolve_checkpoints,
+)
 from moestab.probes.collect import collect
 from moestab.probes.compare import Comparison, compare_records
 from moestab.probes.depth import check_depth_settings, depth
@@ -24,9 +40,9 @@ from moestab.probes.numerics import numerics
 from moestab.probes.one_step import StepRecipe, prepare_tokenizer, probe_task
 from moestab.probes.saturation import saturation
 from moestab.probes.step_volatility import step_volatility
-from moestab.probes.suites import SUITE_FORMS, ProbeSuite
+from moestab.probes.suites import GENERAL, SUITE_FORMS, ProbeSuite, load_suite
 from moestab.text import shown
-from moestab.train.config import MAX_NEW_TOKENS, TrainConfig, check_seed, divisors_text
+from moestab.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -38,7 +54,9 @@ class ProbeSettings:
     other_dtype: str = "bfloat16"
     """numerics only: the precision compared with ``dtype``."""
     device: str = "cpu"
+    """Where the checkpoints run: cpu, cuda or cuda:N."""
     batch_size: int = 16
+    """Suite texts per forward pass."""
     max_tokens: int | None = None
     """Cut every suite text to this many tokens."""
     reference: int = -1
@@ -75,8 +93,21 @@ class ProbeSettings:
     """depth only: warm-start cache folder, created if missing (default: $MOESTAB_CACHE or ~/.cache/moestab, as
     ``moestab train``)."""
     progress: bool = False
+    """Show a progress bar."""
+    threads: int | None = None
+    """torch CPU threads, 1 to 4,096, set by ``moestab probe`` before probing (default: torch's choice); as with
+    ``moestab train``, the library's :func:`run_probe` leaves the process's thread count to its caller."""
 
     def check(self) -> None:
+        """Refuse a bad setting before any model is loaded: :class:`ProbeError` naming it and what is valid. The
+        rules shared with ``moestab train`` are :mod:`moestab.configs`'."""
+        with _as_probe_error():
+            check_threads("--threads", self.threads, what="")
+            self._check_collect()
+            self._check_steps()
+
+    def _check_collect(self) -> None:
+        """Precisions, batch, text cut and device of the probes that run checkpoints on a suite."""
         check_dtype(self.dtype)
         check_dtype(self.other_dtype)
         if self.batch_size < 1:
@@ -85,48 +116,45 @@ class ProbeSettings:
             raise ProbeError(f"max_tokens must be >= 2, got {self.max_tokens}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ProbeError(f"device {self.device!r} is not valid; valid: cpu, cuda, cuda:N")
-        self._check_steps()
 
     def _check_steps(self) -> None:
+        """The step probes' settings, with ``moestab train``'s rules where they are its settings."""
         from moestab.rl import PRESETS
 
         if self.algo not in PRESETS:
             raise ProbeError(f"algo {shown(self.algo)} is not valid; valid: {', '.join(PRESETS)}")
-        for name, low in (("prompts", 1), ("group_size", 2)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ProbeError(f"{name} must be an integer >= {low}, got {shown(value)}")
-        try:
-            check_seed("seed", self.seed)
-        except ConfigError as exc:
-            raise ProbeError(str(exc)) from None
-        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int)
-                                                or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS):
-            raise ProbeError(f"max_new_tokens must be an integer 1 to {MAX_NEW_TOKENS:,} (as moestab train's), got "
-                             f"{shown(self.max_new_tokens)}")
-        if self.cache_dir is not None:
-            problem = folder_problem(self.cache_dir) if self.cache_dir.strip() else "the value is empty"
-            if problem:
-                raise ProbeError(f"cache_dir: {problem}; give a folder (it is created if missing)")
-        if not self.lrs:
-            raise ProbeError("lrs: give at least one learning rate; valid: finite numbers >= 0")
-        for name, values in (("lrs", self.lrs), ("lr", (self.lr,))):
-            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-                   or v < 0]
-            if bad:
-                raise ProbeError(f"{name} {bad} are not valid; valid: finite numbers >= 0 (0: the no-change control)")
-        batch = self.prompts * self.group_size
-        bad = [n for n in self.minibatch_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1 or batch % n]
-        if bad or not self.minibatch_counts:
-            raise ProbeError(f"minibatch_counts {shown(bad) if bad else '(none)'} are not valid: each must divide the "
-                             f"rollout batch of {batch} sequences (prompts x group_size = {self.prompts} x "
-                             f"{self.group_size}); valid: {divisors_text(batch)}")
-        for name, values in (("lrs", self.lrs), ("minibatch_counts", self.minibatch_counts)):
-            if len(set(values)) != len(values):
-                raise ProbeError(f"{name} {list(values)} repeat a value; give each once")
+        check_at_least("prompts", self.prompts, 1)
+        check_group_size("group_size", self.group_size)
+        check_seed("seed", self.seed)
+        check_response_cap("max_new_tokens", self.max_new_tokens, as_range=True)
+        check_cache_dir("cache_dir", self.cache_dir)
+        self._check_updates()
         check_depth_settings(self.layers, self.model)
         if self.task is not None:
             probe_task(self.task, [])  # a bad spec fails here, naming what is valid
+
+    def _check_updates(self) -> None:
+        """Learning rates finite and >= 0; minibatch counts that divide the rollout batch; no value given twice."""
+        if not self.lrs:
+            raise ProbeError("lrs: give at least one learning rate; valid: finite numbers >= 0")
+        for name, values in (("lrs", self.lrs), ("lr", (self.lr,))):
+            bad = [v for v in values if not is_finite_number(v) or v < 0]
+            if bad:
+                raise ProbeError(f"{name} {bad} are not valid; valid: finite numbers >= 0 (0: the no-change control)")
+        check_minibatches("minibatch_counts", self.minibatch_counts, self.prompts * self.group_size,
+                          f"prompts x group_size = {self.prompts} x {self.group_size}")
+        for name, values in (("lrs", self.lrs), ("minibatch_counts", self.minibatch_counts)):
+            if len(set(values)) != len(values):
+                raise ProbeError(f"{name} {list(values)} repeat a value; give each once")
+
+
+@contextmanager
+def _as_probe_error() -> Iterator[None]:
+    """A refusal of a shared settings rule (:class:`ConfigError`) raised as the probes' :class:`ProbeError`."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ProbeError(str(exc)) from None
 
 
 def _comparison_tables(comparison: Comparison, label: str | None = None) -> dict[str, pd.DataFrame]:
@@ -246,6 +274,26 @@ def select_checkpoints(probe: str, given: list[list[Checkpoint]]) -> list[Checkp
         raise ProbeError(f"{probe} takes {count} checkpoint{'s' if count > 1 else ''} (a run folder means its last "
                          f"checkpoint), got {len(given)}")
     return [group[-1] for group in given]
+
+
+def probe_inputs(
+    name: str, checkpoint_args: Sequence[str], suite: str | None, count: int | None, settings: ProbeSettings
+) -> tuple[list[Checkpoint], ProbeSuite | None]:
+    """What ``moestab probe NAME CHECKPOINT... [--suite SUITE] [--count N]`` runs on, all checked before any model is
+    loaded, in this order: the probe's name, ``settings``, ``count``, the checkpoints (each argument a run folder or
+    a model folder, see :func:`select_checkpoints`) and the suite (default: general; ``None`` for the step probes,
+    which take neither a suite nor a count)."""
+    probe = get_probe(name)
+    settings.check()
+    if count is not None and count < 1:
+        raise ProbeError(f"--count must be >= 1, got {count}")
+    checkpoints = select_checkpoints(name, [resolve_checkpoints([c]) for c in checkpoint_args])
+    if probe.own_suite is None:
+        return checkpoints, load_suite(GENERAL if suite is None else suite, count)
+    if suite is not None or count is not None:
+        raise ProbeError(f"{name} takes no --suite or --count: it runs RL steps on --task's prompts (--prompts sets "
+                         "how many)")
+    return checkpoints, None
 
 
 def run_probe(

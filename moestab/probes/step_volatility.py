@@ -16,6 +16,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.metrics import keys
 from moestab.probes.one_step import STEP_COLUMNS, StepRecipe, one_step, require_signal, step_row
 
 
@@ -42,7 +43,7 @@ def step_volatility(
         require_signal(metrics, label)  # the same rollout in every setting: the first step decides
         rows.append({"lr": lr, "minibatches": n, **step_row(metrics)})
         by_minibatch += [{"lr": lr, "minibatches": n, "minibatch": m, "update_old_changed": changed}
-                         for m, changed in enumerate(metrics["routing/update_old/changed_by_minibatch"])]
+                         for m, changed in enumerate(metrics[keys.ROUTING_UPDATE_DRIFT])]
     columns = ["lr", "minibatches", *STEP_COLUMNS]
     return {"step_volatility": pd.DataFrame(rows, columns=columns),
             "step_volatility_by_minibatch": pd.DataFrame(by_minibatch, columns=["lr", "minibatches", "minibatch",

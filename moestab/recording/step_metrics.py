@@ -1,17 +1,26 @@
-"""A step's aggregates over *all* its response tokens, for metrics.jsonl (keys: docs/metrics.md).
+"""A step's metrics.jsonl line, from what any trainer can supply: the functions the key table names.
 
-Every number is computed by the functions of :mod:`moestab.metrics` that the analyzers also call on
-the per-token tables, so a logged value and its offline recomputation cannot drift apart.
+:func:`step_metrics` calls each function that :data:`moestab.metrics.keys.TABLE` names for a computed key, once per
+step, with one :class:`StepView` (the step's tensors, the replay mode and the trainer's update reports, with the
+arrays several functions read built once), and returns their keys and the trainer's measured ones in metrics.jsonl's
+order. A function returns only keys its rows declare, and only those that apply (``{}`` for what the trainer did not
+supply). Every number is computed by :mod:`moestab.metrics`, which the analyzers also call on the per-token tables,
+so a logged value and its offline recomputation cannot drift apart.
 """
 
 from __future__ import annotations
 
 import math
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache, cached_property
 
 import numpy as np
 import torch
 
 from moestab import rl
+from moestab.metrics import keys
 from moestab.metrics.experts import expert_counts, load_stats
 from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
@@ -19,101 +28,224 @@ from moestab.metrics.routes import intersection_sizes, route_change
 from moestab.recording.step_tensors import StepTensors
 from moestab.records import schema
 
-LOSS_METRIC_PREFIXES = ("objective/", "kl/", "rspo/")
-"""Loss diagnostics logged as their mean over minibatches (``loss/<key>``). The loss's ratio and clip
-statistics are not: per minibatch they would be averaged maxima and a diluted clip share, so the step
-reports ``ratio/*`` and ``clip/*`` over all its tokens instead."""
+LOSS_DIAGNOSTIC_PREFIXES = ("objective/", "kl/", "rspo/")
+"""Loss diagnostics logged as their mean over minibatches (``loss/<key>``). The loss's ratio and clip statistics are
+not: per minibatch they would be averaged maxima and a diluted clip share, so the step reports ``ratio/*`` and
+``clip/*`` over all its tokens instead."""
 
 
-def loss_metrics(per_minibatch: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Mean over minibatches of the loss diagnostics of :data:`LOSS_METRIC_PREFIXES`, under ``loss/``.
+@dataclass(frozen=True)
+class Updates:
+    """What a trainer's minibatch updates report, one entry per minibatch (``moestab train``; TRL logs its own)."""
 
-    NaN-valued entries (e.g. ``kl/ref_k3`` without a reference) are skipped; all-NaN gives NaN.
-    """
-    out: dict[str, float] = {}
-    for key in per_minibatch[0]:
-        if not key.startswith(LOSS_METRIC_PREFIXES):
-            continue
-        values = [float(m[key]) for m in per_minibatch if math.isfinite(float(m[key]))]
-        out[f"loss/{key}"] = sum(values) / len(values) if values else float("nan")
-    return out
+    losses: list[float]
+    """The loss each update minimised."""
+    grad_norms: list[float]
+    """Gradient norm before clipping, each update."""
+    diagnostics: list[dict[str, torch.Tensor]]
+    """The loss's metrics (``rl.compute_loss_parts(...).metrics``), each update."""
+
+
+class StepView:
+    """One step as its metric functions read it. Arrays are numpy, at the step's response tokens in row-major order
+    (``[tokens, ...]``), built on first use and shared."""
+
+    def __init__(self, tensors: StepTensors, *, replay: str, updates: Updates | None = None) -> None:
+        self.tensors = tensors
+        self.replay = replay
+        """The routing replay mode (``schema.REPLAY_MODES``; ``off`` for a trainer that replays nothing)."""
+        self.updates = updates
+        """The trainer's update reports, or None when it gives none."""
+
+    @cached_property
+    def routes(self) -> dict[str, np.ndarray]:
+        """Route sets ``[tokens, layers, k]`` by token-table column (``schema.ROUTE_COLUMNS``)."""
+        t = self.tensors
+        return {
+            schema.COL_ROUTES_ROLLOUT: _numpy(t.response(t.batch.routes.indices)),
+            schema.COL_ROUTES_OLD: _numpy(t.response(t.routes_old)),
+            schema.COL_ROUTES_OLD_FREE: _numpy(t.response(t.routes_old_free.indices)),
+            schema.COL_ROUTES_UPDATE: _numpy(t.response(t.routes_update)),
+            schema.COL_ROUTES_NEW: _numpy(t.response(t.routes_new.indices)),
+        }
+
+    @cached_property
+    def logp(self) -> dict[str, np.ndarray]:
+        """Log-probs ``[tokens]`` of the rollout and of pi_old on both sides, by token-table column."""
+        t = self.tensors
+        return {
+            schema.COL_LOGP_ROLLOUT: _numpy(t.tokens(t.batch.logp_rollout)),
+            schema.COL_LOGP_OLD: _numpy(t.tokens(t.logp_old)),
+            schema.COL_LOGP_OLD_FREE: _numpy(t.tokens(t.logp_old_free)),
+        }
+
+    @cached_property
+    def sequence(self) -> np.ndarray:
+        """``[tokens]`` each token's row in the batch."""
+        return _numpy(self.tensors.per_token(torch.arange(self.tensors.batch.batch_size)))
+
+    @cached_property
+    def minibatch(self) -> np.ndarray:
+        """``[tokens]`` the 0-based minibatch that updated each token's sequence."""
+        return _numpy(self.tensors.per_token(self.tensors.minibatch))
+
+    @property
+    def top_k(self) -> int:
+        return self.tensors.routes_old_free.top_k
+
+    def intersections(self, pair: str) -> np.ndarray:
+        """``|E_a ∩ E_b|`` ``[tokens, layers]`` of route pair ``pair`` (``schema.ROUTE_PAIRS``)."""
+        col_a, col_b = schema.ROUTE_PAIRS[pair]
+        return intersection_sizes(self.routes[col_a], self.routes[col_b], threads=1)
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
-def _route_metrics(pair: str, inter: np.ndarray, top_k: int) -> dict[str, object]:
-    rates = route_change(inter, top_k)  # one group: every value [1]
-    return {
-        f"routing/{pair}/changed": float(rates["changed"][0]),
-        f"routing/{pair}/router_flip": float(rates["router_flip"][0]),
-        f"routing/{pair}/token_flip": float(rates["token_flip"][0]),
-        f"routing/{pair}/changed_by_layer": rates["changed_by_layer"][0].tolist(),
-    }
+# ---- the metric functions (each named by rows of moestab.metrics.keys) ----------------------------------------
+def reward_metrics(v: StepView) -> dict[str, float]:
+    """Reward and accuracy of the step's sequences, when the trainer knows them."""
+    t = v.tensors
+    if t.rewards is None:
+        return {}
+    out = {keys.REWARD_MEAN: t.rewards.mean().item(),
+           keys.REWARD_STD: t.rewards.std().item() if len(t.rewards) > 1 else 0.0}
+    if t.correct is not None:
+        out[keys.ACCURACY] = t.correct.float().mean().item()
+    return out
 
 
-def response_metrics(t: StepTensors) -> dict[str, float]:
+def response_metrics(v: StepView) -> dict[str, float]:
     """Response length, share of non-zero advantages and pi_old's mean token entropy (when recorded) of a step."""
+    t = v.tensors
     mask = t.batch.response_mask  # [B, T]
     lengths = mask.sum(-1)  # [B]
     out = {
-        "response/length_mean": lengths.float().mean().item(),
-        "response/length_max": int(lengths.max()),
-        "advantage/nonzero_frac": (t.advantages != 0).float().mean().item(),
+        keys.RESPONSE_LENGTH_MEAN: lengths.float().mean().item(),
+        keys.RESPONSE_LENGTH_MAX: int(lengths.max()),
+        keys.ADVANTAGE_NONZERO: (t.advantages != 0).float().mean().item(),
     }
     if t.entropy is not None:
-        out["entropy"] = rl.masked_mean(t.entropy, mask).item()
+        out[keys.ENTROPY] = rl.masked_mean(t.entropy, mask).item()
     return out
 
 
-def step_metrics(t: StepTensors, per_minibatch: list[dict[str, torch.Tensor]], *, replay: str) -> dict[str, object]:
-    """Every metrics.jsonl key of a step but times, reward and loss totals (docs/metrics.md)."""
-    routes = {
-        schema.COL_ROUTES_ROLLOUT: _numpy(t.response(t.batch.routes.indices)),  # [tokens, layers, k]
-        schema.COL_ROUTES_OLD: _numpy(t.response(t.routes_old)),
-        schema.COL_ROUTES_OLD_FREE: _numpy(t.response(t.routes_old_free.indices)),
-        schema.COL_ROUTES_UPDATE: _numpy(t.response(t.routes_update)),
-        schema.COL_ROUTES_NEW: _numpy(t.response(t.routes_new.indices)),
-    }
-    top_k = t.routes_old_free.top_k
-    out: dict[str, object] = loss_metrics(per_minibatch)
+def update_metrics(v: StepView) -> dict[str, float]:
+    """The updates' loss and gradient norm: means over the minibatches, and the largest norm."""
+    if v.updates is None:
+        return {}
+    losses, norms = v.updates.losses, v.updates.grad_norms
+    return {keys.LOSS: sum(losses) / len(losses), keys.GRAD_NORM: sum(norms) / len(norms),
+            keys.GRAD_NORM_MAX: max(norms)}
 
-    for pair in ("old_new", *schema.LOGP_PAIRS):
-        col_a, col_b = schema.ROUTE_PAIRS[pair]
-        out.update(_route_metrics(pair, intersection_sizes(routes[col_a], routes[col_b], threads=1), top_k))
-    # Per minibatch: how far the free routes at update time had drifted from pi_old's. Under replay
-    # the update forward does not choose its routes, so there is nothing to measure.
-    minibatch = _numpy(t.per_token(t.minibatch))  # [tokens]
+
+def loss_metrics(v: StepView) -> dict[str, float]:
+    """Mean over minibatches of the loss diagnostics of :data:`LOSS_DIAGNOSTIC_PREFIXES`, under ``loss/``.
+
+    NaN-valued entries (e.g. ``kl/ref_k3`` without a reference) are skipped; all-NaN gives NaN.
+    """
+    if v.updates is None:
+        return {}
+    per_minibatch = v.updates.diagnostics
+    out: dict[str, float] = {}
+    for key in per_minibatch[0]:
+        if not key.startswith(LOSS_DIAGNOSTIC_PREFIXES):
+            continue
+        values = [float(m[key]) for m in per_minibatch if math.isfinite(float(m[key]))]
+        out[f"loss/{key}"] = sum(values) / len(values) if values else float("nan")
+    return out
+
+
+def routing_metrics(v: StepView) -> dict[str, object]:
+    """Routing change of every pair of :data:`~moestab.metrics.keys.ROUTE_METRIC_PAIRS` over the step's tokens."""
+    out: dict[str, object] = {}
+    for pair in keys.ROUTE_METRIC_PAIRS:
+        rates = route_change(v.intersections(pair), v.top_k)  # one group: every value [1]
+        for stat, pattern in keys.ROUTE_CHANGE_KEYS.items():
+            value = rates[stat][0]
+            out[pattern.format(pair=pair)] = value.tolist() if value.ndim else float(value)
+    return out
+
+
+def drift_metrics(v: StepView) -> dict[str, object]:
+    """Per minibatch, how far the free routes at update time had drifted from pi_old's. Under replay the update
+    forward does not choose its routes, so there is nothing to measure (null)."""
     by_mb = None
-    if replay == "off":
-        col_a, col_b = schema.ROUTE_PAIRS["update_old"]
-        inter = intersection_sizes(routes[col_a], routes[col_b], threads=1)  # [tokens, layers]
-        n_mb = int(t.minibatch.max()) + 1
-        by_mb = route_change(inter, top_k, minibatch, n_mb)["changed"].tolist()  # NaN (-> null) for an empty one
-    out["routing/update_old/changed_by_minibatch"] = by_mb
+    if v.replay == "off":
+        n_mb = int(v.tensors.minibatch.max()) + 1
+        by_mb = route_change(v.intersections("update_old"), v.top_k, v.minibatch, n_mb)["changed"].tolist()
+    return {keys.ROUTING_UPDATE_DRIFT: by_mb}  # NaN (-> null) for an empty minibatch
 
-    logp = {
-        schema.COL_LOGP_ROLLOUT: _numpy(t.tokens(t.batch.logp_rollout)),  # [tokens]
-        schema.COL_LOGP_OLD: _numpy(t.tokens(t.logp_old)),
-        schema.COL_LOGP_OLD_FREE: _numpy(t.tokens(t.logp_old_free)),
-    }
+
+def mismatch_metrics(v: StepView) -> dict[str, float]:
+    """Rollout -> trainer log-prob mismatch of every pair of ``schema.LOGP_PAIRS``."""
+    out: dict[str, float] = {}
     for pair, (rollout, trainer) in schema.LOGP_PAIRS.items():
-        stats = mismatch_stats(logp[trainer], logp[rollout])
-        out.update({f"mismatch/{pair}/{name}": stats[name] for name in ("k1", "k3", "f2")})
-
-    sequence = _numpy(t.per_token(torch.arange(t.batch.batch_size)))  # [tokens]
-    log_w = _numpy(t.tokens(t.log_w))  # [tokens]
-    out.update({f"ratio/{k}": v for k, v in ratio_stats(log_w, sequence).items()})
-    out.update({f"clip/{k}": v for k, v in clip_fractions(_numpy(t.tokens(t.clipped)), sequence, minibatch).items()})
-
-    counts = expert_counts(routes[schema.COL_ROUTES_OLD_FREE], t.routes_old_free.num_experts)  # [layers, experts]
-    out["experts/load"] = (counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)).round(6).tolist()
-    out["experts/load_entropy"] = [float(v) for v in load_stats(counts)["load_entropy"]]
-    if t.routes_old_free.entropy is not None:
-        out["experts/router_entropy"] = t.response(t.routes_old_free.entropy).mean(0).tolist()  # [layers]
-    if t.routes_old_free.confidence is not None:
-        confidence = t.response(t.routes_old_free.confidence)  # [tokens, layers]
-        out["experts/routing_confidence"] = confidence.mean(0).tolist()
-        out["experts/routing_confidence_mean"] = confidence.mean().item()
+        stats = mismatch_stats(v.logp[trainer], v.logp[rollout])
+        out.update({pattern.format(pair=pair): stats[stat] for stat, pattern in keys.MISMATCH_KEYS.items()})
     return out
+
+
+def ratio_metrics(v: StepView) -> dict[str, float]:
+    """Distribution of the token ratio ``w`` and the sequence ratio ``s`` that entered the loss."""
+    log_w = _numpy(v.tensors.tokens(v.tensors.log_w))  # [tokens]
+    return {keys.RATIO_KEYS[stat]: value for stat, value in ratio_stats(log_w, v.sequence).items()}
+
+
+def clip_metrics(v: StepView) -> dict[str, float]:
+    """Clipped shares of the step's tokens and sequences, over all minibatches and over minibatches 2..n."""
+    clipped = _numpy(v.tensors.tokens(v.tensors.clipped))  # [tokens]
+    return {keys.CLIP_KEYS[stat]: value for stat, value in clip_fractions(clipped, v.sequence, v.minibatch).items()}
+
+
+def expert_metrics(v: StepView) -> dict[str, object]:
+    """Expert load under pi_old (free) and, when recorded, its routers' entropy and confidence, per layer."""
+    t = v.tensors
+    free = t.routes_old_free
+    counts = expert_counts(v.routes[schema.COL_ROUTES_OLD_FREE], free.num_experts)  # [layers, experts]
+    out: dict[str, object] = {
+        keys.EXPERTS_LOAD: (counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)).round(6).tolist(),
+        keys.EXPERTS_LOAD_ENTROPY: [float(x) for x in load_stats(counts)["load_entropy"]],
+    }
+    if free.entropy is not None:
+        out[keys.EXPERTS_ROUTER_ENTROPY] = t.response(free.entropy).mean(0).tolist()  # [layers]
+    if free.confidence is not None:
+        confidence = t.response(free.confidence)  # [tokens, layers]
+        out[keys.EXPERTS_CONFIDENCE] = confidence.mean(0).tolist()
+        out[keys.EXPERTS_CONFIDENCE_MEAN] = confidence.mean().item()
+    return out
+
+
+# ---- the line ---------------------------------------------------------------------------------------------------
+@cache
+def metric_functions() -> tuple[tuple[str, Callable[[StepView], dict[str, object]]], ...]:
+    """``(dotted path, function)`` of every function the key table names for a computed key, in the table's order."""
+    paths = dict.fromkeys(row.function for row in keys.TABLE if row.computed)
+    return tuple((path, pkgutil.resolve_name(path)) for path in paths)
+
+
+def step_metrics(
+    t: StepTensors, *, replay: str, updates: Updates | None = None, measured: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """A step's metrics.jsonl line but ``step``: every computed key of the key table that applies, from ``t``,
+    ``replay`` and ``updates``, with the trainer's ``measured`` keys (times, minibatches, sampling counts: keys the
+    table declares as measured), in metrics.jsonl's order.
+
+    Raises :class:`~moestab.metrics.keys.UndeclaredKeyError` for a key the table does not declare, and
+    ``ValueError`` for a key that a function other than its row's returned, or a computed key given as measured.
+    """
+    measured = dict(measured or {})
+    computed_measured = [key for key in measured if key in keys.KEYS and keys.KEYS[key].computed]
+    if computed_measured:
+        raise ValueError(f"{computed_measured} are computed by the recording layer, not measured by the trainer")
+    view = StepView(t, replay=replay, updates=updates)
+    values: dict[str, object] = dict(measured)
+    for path, function in metric_functions():
+        out = function(view)
+        keys.in_table_order(out)  # every key declared
+        strays = [key for key in out if keys.KEYS[key].function != path]
+        if strays:
+            raise ValueError(f"{path} returned {strays}, whose rows in moestab/metrics/keys.py name another function")
+        values.update(out)
+    return keys.in_table_order(values)

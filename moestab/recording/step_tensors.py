@@ -23,8 +23,8 @@ class StepTensors:
 
     batch: RolloutBatch
     examples: list[Example]
-    rewards: torch.Tensor  # [B] task reward plus any shaping
-    correct: torch.Tensor  # [B] bool: the task scores the response correct
+    rewards: torch.Tensor | None  # [B] task reward plus any shaping; None when the trainer does not know it (TRL)
+    correct: torch.Tensor | None  # [B] bool: the task scores the response correct; None when unknown (TRL)
     advantages: torch.Tensor  # [B]
     minibatch: torch.Tensor  # [B] 0-based index of the minibatch that updated each sequence
     logp_old: torch.Tensor  # [B, T] pi_old as used in the ratio
@@ -89,7 +89,8 @@ def cat_step_tensors(parts: list[StepTensors], pad_token_id: int) -> StepTensors
 
     return StepTensors(
         batch=batch, examples=[e for p in parts for e in p.examples],
-        rewards=rows(lambda p: p.rewards), correct=rows(lambda p: p.correct),
+        rewards=None if parts[0].rewards is None else rows(lambda p: p.rewards),
+        correct=None if parts[0].correct is None else rows(lambda p: p.correct),
         advantages=rows(lambda p: p.advantages), minibatch=rows(lambda p: p.minibatch),
         logp_old=tokens(lambda p: p.logp_old, 0.0), logp_old_free=tokens(lambda p: p.logp_old_free, 0.0),
         logp_update=tokens(lambda p: p.logp_update, 0.0), logp_new=tokens(lambda p: p.logp_new, 0.0),

@@ -57,7 +57,8 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
         schema.COL_MINIBATCH: pa.array(seq_col(t.minibatch).astype(np.int16)),
         schema.COL_POSITION: pa.array(position.numpy().astype(np.int32)),
         schema.COL_RESPONSE_LEN: pa.array(seq_col(batch.response_mask.sum(-1)).astype(np.int32)),
-        schema.COL_REWARD: pa.array(seq_col(t.rewards.float()).astype(np.float32)),
+        schema.COL_REWARD: pa.array(np.full(len(seq), np.nan, np.float32) if t.rewards is None
+                                    else seq_col(t.rewards.float()).astype(np.float32)),  # NaN: not known
         schema.COL_ADVANTAGE: pa.array(seq_col(t.advantages.float()).astype(np.float32)),
         schema.COL_LOGP_ROLLOUT: pa.array(tok(batch.logp_rollout).astype(np.float32)),
         schema.COL_LOGP_OLD: pa.array(tok(t.logp_old).astype(np.float32)),

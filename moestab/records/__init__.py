@@ -2,9 +2,16 @@
 
 The only package that reads or writes a run folder:
 
+- ``folder``    ``RunFolder``: where each file of a run lives; creating, overwriting, resuming and checkpointing a
+  run folder, its status and its complete checkpoints (the only code that deletes or lays out run folders)
 - ``schema``    file, column and key names; replay-mode labels; step-name parsing
 - ``run_info``  ``RunInfo`` / ``ModelInfo``: run.json as typed objects (``read_run_info``)
 - ``writer``    ``RunWriter``: run.json, metrics.jsonl, per-token tables, written atomically
 - ``reader``    metrics.jsonl and the per-token tables, streamed; ``Skipped`` parts reported, not warned
+- ``lock``      one writer per run folder (``run_lock``)
 - ``errors``    ``NotARunError``, ``SchemaVersionError``, ``RunFileError``, ``Skipped``
 """
+
+from moestab.records.folder import Remedies, RunFolder, RunFolderError
+
+__all__ = ["Remedies", "RunFolder", "RunFolderError"]

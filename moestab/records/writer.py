@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moestab.records import schema
-from moestab.records.lock import folder_contents
+from moestab.records.folder import RunFolder
 from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info, this_writer
 
 HEARTBEAT_S = 60.0
@@ -30,29 +28,6 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves no temporary behind
 
 
-def leftover_temporaries(run_dir: Path) -> list[Path]:
-    """Files and folders an interrupted write leaves in a run folder: ``.*.tmp`` and ``.step_*.old``."""
-    found = []
-    for folder in (run_dir, *(run_dir / sub for sub in (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR))):
-        if folder.is_dir():
-            found += [p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
-    return sorted(found)
-
-
-def remove_temporaries(run_dir: Path) -> list[Path]:
-    """Delete :func:`leftover_temporaries`; returns what was removed."""
-    removed = leftover_temporaries(run_dir)
-    for path in removed:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return removed
-
-
-def clear_run_folder(run_dir: Path) -> None:
-    """Delete everything in ``run_dir`` but its lock file, which the writer that starts over there holds."""
-    for path in folder_contents(run_dir):
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
 class RunWriter:
     """Appends to one run folder; every file it writes is complete or absent (atomic renames).
 
@@ -61,12 +36,13 @@ class RunWriter:
     """
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.dir = Path(run_dir)
+        self.folder = RunFolder(run_dir)
+        self.dir = self.folder.path
         self._lock = threading.Lock()
 
     @property
     def run_json(self) -> Path:
-        return self.dir / schema.RUN_JSON
+        return self.folder.run_json
 
     def read_info(self) -> RunInfo:
         return read_run_info(self.dir)
@@ -75,9 +51,9 @@ class RunWriter:
         self, *, config: dict[str, Any], model: ModelInfo, environment: dict[str, Any], config_yaml: str
     ) -> RunInfo:
         """Create the folder layout and a ``running`` run.json."""
-        for sub in (schema.TOKENS_DIR, schema.CHECKPOINTS_DIR, schema.STATE_DIR):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.dir / schema.CONFIG_YAML, config_yaml)
+        for sub in self.folder.subfolders():
+            sub.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.folder.config_yaml, config_yaml)
         info = RunInfo(config=config, model=model, environment=environment, writer=this_writer(),
                        created=now(), updated=now())
         with self._lock:
@@ -99,7 +75,7 @@ class RunWriter:
         return _Heartbeat(self, every)
 
     def append_metrics(self, metrics: dict[str, Any]) -> None:
-        with (self.dir / schema.METRICS_JSONL).open("a") as f:
+        with self.folder.metrics_file.open("a") as f:
             f.write(json.dumps(json_safe(metrics)) + "\n")
             f.flush()
 
@@ -109,7 +85,7 @@ class RunWriter:
 
         Returns the 1-based numbers of the torn lines dropped.
         """
-        path = self.dir / schema.METRICS_JSONL
+        path = self.folder.metrics_file
         if not path.exists():
             return []
         keep, torn = [], []
@@ -127,7 +103,7 @@ class RunWriter:
         return torn
 
     def write_tokens(self, step: int, table: pa.Table) -> None:
-        path = self.dir / schema.tokens_file(step)
+        path = self.folder.tokens_file(step)
         tmp = path.with_name(f".{path.name}.tmp")
         try:
             pq.write_table(table, tmp, row_group_size=65_536)

@@ -25,7 +25,8 @@ Spelling the settings out instead of ``loss_kwargs()`` is equivalent::
 
 Conventions:
 
-- every tensor argument is explicit; every loss is a pure function in ``LOSSES`` (no config objects);
+- every tensor argument is explicit; every loss is a pure function registered in ``LOSSES`` by one declaration,
+  ``@objective(name, ...)`` on a function of ``LossInputs`` (``moestab.rl.objectives``; no config objects);
 - ``advantages`` is ``[B]`` (per sequence) or ``[B, T]`` (per token; not for ``level="sequence"`` nor GMPO);
 - ``mask`` is the response mask; values of other tensors at masked positions are never read (NaN padding is
   safe); an all-masked row contributes nothing (see ``moestab.rl.aggregation``);
@@ -46,15 +47,17 @@ from moestab.rl.aggregation import AGGREGATIONS, aggregate, shard_weight
 from moestab.rl.errors import UnknownNameError
 from moestab.rl.kl import kl_k1, kl_k1_per_token, kl_k3, kl_k3_per_token
 from moestab.rl.logprobs import token_entropy, token_logprobs
-from moestab.rl.losses import (
-    LEVELS,
-    LossParts,
-    cispo_loss,
-    gmpo_loss,
-    policy_loss,
-    rspo_loss,
-)
+from moestab.rl.losses import cispo_loss, gmpo_loss, policy_loss, rspo_loss
 from moestab.rl.masking import as_bool_mask, masked_mean, masked_row_mean, response_lengths
+from moestab.rl.objectives import (
+    LEVELS,
+    LossInputs,
+    LossParts,
+    LossTerms,
+    Objective,
+    objective,
+    scoped_objectives,
+)
 from moestab.rl.presets import PRESETS, AlgorithmPreset, get_preset
 from moestab.rl.ratios import (
     sequence_log_ratios,
@@ -64,7 +67,6 @@ from moestab.rl.ratios import (
     token_ratios,
 )
 from moestab.rl.registry import (
-    LOSS_SPECIFIC_INPUTS,
     LOSSES,
     compute_clipped_mask,
     compute_loss_parts,
@@ -78,10 +80,12 @@ __all__ = [
     "AGGREGATIONS",
     "LEVELS",
     "LOSSES",
-    "LOSS_SPECIFIC_INPUTS",
     "PRESETS",
     "AlgorithmPreset",
+    "LossInputs",
     "LossParts",
+    "LossTerms",
+    "Objective",
     "UnknownNameError",
     "aggregate",
     "as_bool_mask",
@@ -101,10 +105,12 @@ __all__ = [
     "kl_k3_per_token",
     "masked_mean",
     "masked_row_mean",
+    "objective",
     "policy_loss",
     "response_lengths",
     "router_shift_weights",
     "rspo_loss",
+    "scoped_objectives",
     "sequence_log_ratios",
     "sequence_ratios",
     "sequence_token_ratios",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moestab.metrics.clipping import clipped_fraction
 from moestab.rl.kl import kl_k1, kl_k3
 from moestab.rl.masking import response_lengths
 from moestab.rl.ratios import sequence_log_ratios, token_log_ratios
@@ -57,7 +58,7 @@ class ClipFlags:
 
 
 def _fraction(flags: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (flags & valid).sum().to(dtype) / valid.sum().to(dtype)  # NaN when nothing is valid
+    return clipped_fraction(flags, valid).to(dtype)  # the one definition of a clip fraction; NaN when nothing is valid
 
 
 def clip_metrics(flags: ClipFlags, mask: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -66,7 +67,8 @@ def clip_metrics(flags: ClipFlags, mask: torch.Tensor, dtype: torch.dtype) -> di
     Keys: ``clip/low_frac``, ``clip/high_frac``, ``clip/frac`` (fractions of units: tokens for token-level
     clipping, non-empty sequences for sequence-level clipping) and ``clip/token_low_frac``,
     ``clip/token_high_frac``, ``clip/token_frac`` (fractions of response tokens whose governing ratio was
-    clipped, comparable across levels as in GSPO §5.2).
+    clipped, comparable across levels as in GSPO §5.2). Each is :func:`moestab.metrics.clipping.clipped_fraction`
+    over this minibatch, the definition the step's ``clip/*`` metrics use over all its tokens.
     """
     unit_any = flags.unit_low | flags.unit_high
     return {

@@ -1,21 +1,22 @@
 """Algorithm presets: the published (or, where marked, chosen) loss settings of each algorithm by name.
 
 A preset only names registered pieces (``loss`` in ``moestab.rl.registry.LOSSES``, ``advantage`` in
-``moestab.rl.advantages.ADVANTAGE_ESTIMATORS``) and fixes their scalar settings; it holds no tensors and runs
-no math. Dynamic sampling, overlong shaping, minibatching etc. are training-loop features, not presets.
+``moestab.rl.advantages.ADVANTAGE_ESTIMATORS``) and fixes their scalar settings, including a loss's own ones (each
+the field of the same name, e.g. ``gamma_min``); it holds no tensors and runs no math. Dynamic sampling, overlong
+shaping, minibatching etc. are training-loop features, not presets.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from moestab.rl.advantages import ADVANTAGE_ESTIMATORS
 from moestab.rl.aggregation import AGGREGATION_INPUTS, AGGREGATIONS
 from moestab.rl.errors import lookup
-from moestab.rl.losses import LEVELS
-from moestab.rl.registry import LOSS_SPECIFIC_INPUTS, LOSSES
+from moestab.rl.objectives import LEVELS, Objective
+from moestab.rl.registry import LOSSES
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class AlgorithmPreset:
     a training-loop setting that the algorithm prescribes (``moestab.rl.shaping``)."""
 
     def __post_init__(self) -> None:
-        lookup(LOSSES, self.loss, "policy loss")
+        loss = lookup(LOSSES, self.loss, "policy loss")
         lookup(ADVANTAGE_ESTIMATORS, self.advantage, "advantage estimator")
         lookup({name: None for name in LEVELS}, self.level, "level")
         lookup({name: None for name in AGGREGATIONS}, self.aggregation, "aggregation")
@@ -60,13 +61,27 @@ class AlgorithmPreset:
                 raise ValueError(f"preset {self.name!r}: {field_name} must be finite and >= 0, got {value}")
         if self.overlong_cache_fraction is not None and not 0 < self.overlong_cache_fraction <= 1:
             raise ValueError(f"preset {self.name!r}: overlong_cache_fraction must be in (0, 1]")
-        if (self.loss == "rspo") != (self.gamma_min is not None):
-            raise ValueError(f"preset {self.name!r}: gamma_min is required for loss 'rspo' and only for it")
+        own_fields = {f.name for f in fields(self) if f.default is None}  # the optional settings
+        for name in loss.settings:
+            if name not in own_fields:
+                raise ValueError(f"loss {self.loss!r} takes the setting {name!r}, which no preset field fixes: add "
+                                 f"an optional field {name!r} (default None) to AlgorithmPreset")
+        # A loss's own setting (e.g. gamma_min) is given exactly in the presets of the losses that take it.
+        for name in sorted({name for registered in LOSSES.values() for name in registered.settings}):
+            if (name in loss.settings) != (getattr(self, name, None) is not None):
+                takers = ", ".join(repr(o.name) for o in LOSSES.values() if name in o.settings)
+                raise ValueError(f"preset {self.name!r}: {name} is required for loss {takers} and only for it")
+
+    @property
+    def objective(self) -> Objective:
+        """The registered loss this preset names, with what it declares (levels, ``log_space``, inputs)."""
+        return LOSSES[self.loss]
 
     def loss_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``compute_policy_loss`` that this preset fixes.
 
-        ``level``, ``clip_low``, ``clip_high``, ``aggregation``, ``kl_coef``, plus ``gamma_min`` for RSPO.
+        ``level``, ``clip_low``, ``clip_high``, ``aggregation``, ``kl_coef``, plus the loss's own settings
+        (``Objective.settings``: ``gamma_min`` for RSPO).
         """
         kwargs: dict[str, Any] = {
             "level": self.level,
@@ -75,8 +90,7 @@ class AlgorithmPreset:
             "aggregation": self.aggregation,
             "kl_coef": self.kl_coef,
         }
-        if self.gamma_min is not None:
-            kwargs["gamma_min"] = self.gamma_min
+        kwargs.update({name: getattr(self, name) for name in self.objective.settings})
         return kwargs
 
     @property
@@ -84,12 +98,11 @@ class AlgorithmPreset:
         """Keyword arguments the trainer must supply at call time besides logp/old_logp/advantages/mask.
 
         Declared by the pieces themselves: the aggregation's (``AGGREGATION_INPUTS``: ``norm_constant`` for
-        ``seq-mean-token-sum-norm``), the loss's tensors (``LOSS_SPECIFIC_INPUTS`` not fixed by the preset:
-        ``router_logp_new``/``router_logp_old`` for RSPO), and ``ref_logp`` when ``kl_coef > 0``.
+        ``seq-mean-token-sum-norm``), the loss's (``Objective.runtime_inputs``: ``router_logp_new``/
+        ``router_logp_old`` for RSPO), and ``ref_logp`` when ``kl_coef > 0``.
         """
-        fixed = self.loss_kwargs()
         needed = [*AGGREGATION_INPUTS.get(self.aggregation, ())]
-        needed += [name for name in LOSS_SPECIFIC_INPUTS[self.loss] if name not in fixed]
+        needed += self.objective.runtime_inputs
         if self.kl_coef > 0:
             needed.append("ref_logp")
         return tuple(needed)

@@ -41,6 +41,10 @@ def token_ratios(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor)
 def sequence_log_ratios(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``log s[i] = mean_t (logp - old_logp)`` over row ``i``'s response tokens (0 for an empty row).
 
+    The loss's differentiable form of log s (torch, on the padded batch); every measurement of log s (step metrics,
+    ``moestab analyze``) uses :func:`moestab.metrics.ratios.sequence_log_ratios`, checked equal to this one in
+    tests/metrics/test_owners.py.
+
     Returns:
         ``[batch]``.
     """

@@ -7,7 +7,7 @@ MoE layer ``l`` under the OLD policy:
 
 floored at ``gamma_min`` and stop-gradient. ``gamma = 1`` when the router's scores for the old experts did not
 move; it shrinks towards ``gamma_min`` as the router drifts. The paper uses it as a per-token trust weight
-(see ``moestab.rl.losses.rspo_loss_parts`` for how moestab applies it).
+(see ``moestab.rl.losses.rspo_loss`` for how moestab applies it).
 """
 
 from __future__ import annotations

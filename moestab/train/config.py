@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from moestab.configs import ConfigError, folder_problem
+from moestab.configs import (
+    ConfigError,
+    build_config,
+    check_at_least,
+    check_at_most,
+    check_cache_dir,
+    check_choice,
+    check_finite,
+    check_group_size,
+    check_minibatches,
+    check_response_cap,
+    check_seed,
+    check_threads,
+    divisors_text,
+    load_yaml,
+)
 from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.records.schema import GATE_REPLAY_MODES, REPLAY_MODES
-from moestab.text import shown
 
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 """``--rollout-engine`` values (moestab.train.engine.engine_factory builds them)."""
@@ -21,12 +35,6 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 MAX_STEPS = 10**7
 """Most RL steps a run may plan (TrainConfig.steps)."""
-MAX_THREADS = 4096
-"""Most torch CPU threads (TrainConfig.threads, the probes' --threads): more than any machine's cores."""
-MAX_NEW_TOKENS = 65_536
-"""Longest response cap (TrainConfig.max_new_tokens, the step probes' max_new_tokens)."""
-SEED_LIMIT = 2**63
-"""Seeds are integers 0 <= seed < SEED_LIMIT: what torch.manual_seed and its generators take."""
 
 
 @dataclass(frozen=True)
@@ -151,47 +159,56 @@ class TrainConfig:
     its package (pip install 'moestab[tensorboard]', ...). Default: none."""
 
     def __post_init__(self) -> None:
+        """Refuse a bad setting before anything starts: one rule per line, the first that fails says what is valid
+        (the rules shared with the probes' settings are :mod:`moestab.configs`')."""
         from moestab.rl import PRESETS  # light: pure-torch module
-        from moestab.rl.router_shift import check_gamma_min
+        from moestab.train.trackers import check_trackers  # light: the packages are only looked up
 
-        if self.algo not in PRESETS:
-            raise ConfigError(f"algo: unknown {shown(self.algo)}; valid: {', '.join(PRESETS)}")
+        check_choice("algo", self.algo, tuple(PRESETS))
         self._check_text_fields()
-        _choice("routing_replay", self.routing_replay, REPLAY_MODES)
-        if is_embedded(self.model):
-            try:
-                parse_model_spec(self.model)
-            except ValueError as exc:
-                raise ConfigError(f"model: {exc}") from exc
-        _choice("dtype", self.dtype, DTYPES)
+        check_choice("routing_replay", self.routing_replay, REPLAY_MODES)
+        _check_model(self.model)
+        self._check_engine()
+        self._check_counts()
+        check_at_most("steps", self.steps, MAX_STEPS, "more than any run finishes")
+        check_seed("seed", self.seed)
+        check_trackers(self.report_to)
+        self._check_processes()
+        check_minibatches("minibatches", self.minibatches, self.prompts_per_step * self.group_size,
+                          f"prompts_per_step*group_size = {self.prompts_per_step}*{self.group_size}")
+        self._check_optimisation()
+        self._check_clip_range()
+        _check_start(self.resume, self.overwrite)
+        self._check_fractions()
+        self._check_gamma_min()
+
+    def _check_engine(self) -> None:
+        """Precisions, device and rollout engine are known names, and the engine returns what the replay needs."""
+        check_choice("dtype", self.dtype, DTYPES)
         if self.rollout_dtype is not None:
-            _choice("rollout_dtype", self.rollout_dtype, DTYPES)
-        _choice("device", self.device, DEVICES)
-        _choice("rollout_engine", self.rollout_engine, ENGINE_NAMES)
+            check_choice("rollout_dtype", self.rollout_dtype, DTYPES)
+        check_choice("device", self.device, DEVICES)
+        check_choice("rollout_engine", self.rollout_engine, ENGINE_NAMES)
         if self.rollout_engine == "vllm" and self.routing_replay in GATE_REPLAY_MODES:
             raise ConfigError(f"routing_replay: {self.routing_replay} replays the rollout's gate weights, which vLLM "
                               "does not return; use --rollout-engine hf for TRR")
-        for name in ("steps", "prompts_per_step", "minibatches", "save_every", "eval_every", "eval_size"):
-            _at_least(name, getattr(self, name), 1)
-        _at_least("group_size", self.group_size, 2)
-        _at_least("warm_start_max_steps", self.warm_start_max_steps, 0)
-        _at_least("max_zero_advantage_steps", self.max_zero_advantage_steps, 0)
-        _at_least("dynamic_sampling_rounds", self.dynamic_sampling_rounds, 0)
-        if self.overlong_cache is not None:
-            _at_least("overlong_cache", self.overlong_cache, 0)
-        if self.max_new_tokens is not None:
-            _at_least("max_new_tokens", self.max_new_tokens, 1)
-        if self.threads is not None:
-            _at_least("threads", self.threads, 1)
-            _at_most("threads", self.threads, MAX_THREADS, "more than any machine's cores")
-        _at_least("nproc", self.nproc, 1)
-        _at_most("steps", self.steps, MAX_STEPS, "more than any run finishes")
-        if self.max_new_tokens is not None:
-            _at_most("max_new_tokens", self.max_new_tokens, MAX_NEW_TOKENS, "beyond a response an RL step trains on")
-        check_seed("seed", self.seed)
-        from moestab.train.trackers import check_trackers  # light: the packages are only looked up
 
-        check_trackers(self.report_to)
+    def _check_counts(self) -> None:
+        """Every count is an integer at or above its floor (and the capped ones at most their cap)."""
+        for name in ("steps", "prompts_per_step", "minibatches", "save_every", "eval_every", "eval_size"):
+            check_at_least(name, getattr(self, name), 1)
+        check_group_size("group_size", self.group_size)
+        for name in ("warm_start_max_steps", "max_zero_advantage_steps", "dynamic_sampling_rounds"):
+            check_at_least(name, getattr(self, name), 0)
+        if self.overlong_cache is not None:
+            check_at_least("overlong_cache", self.overlong_cache, 0)
+        check_response_cap("max_new_tokens", self.max_new_tokens)
+        check_threads("threads", self.threads)
+        check_at_least("nproc", self.nproc, 1)
+
+    def _check_processes(self) -> None:
+        """Each of the nproc processes rolls out whole groups of an equal share of the prompts and evaluates a
+        share of the eval set."""
         if self.prompts_per_step % self.nproc:
             valid = divisors_text(self.prompts_per_step)
             raise ConfigError(f"nproc={self.nproc} does not divide prompts_per_step={self.prompts_per_step}: each "
@@ -199,40 +216,48 @@ class TrainConfig:
         if self.eval_size < self.nproc:
             raise ConfigError(f"eval_size={self.eval_size} is below nproc={self.nproc}: each process evaluates a "
                               f"share of the eval set; use eval_size >= {self.nproc}")
-        batch = self.prompts_per_step * self.group_size
-        if batch % self.minibatches:
-            valid = divisors_text(batch)
-            raise ConfigError(
-                f"minibatches={self.minibatches} does not divide the rollout batch of {batch} sequences "
-                f"(prompts_per_step*group_size = {self.prompts_per_step}*{self.group_size}); valid: {valid}"
-            )
+
+    def _check_optimisation(self) -> None:
+        """Rates and coefficients are finite (the rates > 0), and no load-balancing loss on a frozen router."""
         for name in ("lr", "temperature", "max_grad_norm"):
-            _finite(name, getattr(self, name), "> 0", lambda v: v > 0)
+            check_finite(name, getattr(self, name), "> 0", lambda v: v > 0)
         for name in ("weight_decay", "kl_coef", "router_aux_loss_coef"):
-            _finite(name, getattr(self, name), ">= 0", lambda v: v >= 0)
+            check_finite(name, getattr(self, name), ">= 0", lambda v: v >= 0)
         if self.routing_replay in GATE_REPLAY_MODES and self.router_aux_loss_coef > 0:
             raise ConfigError(f"router_aux_loss_coef: routing_replay {self.routing_replay} freezes the router in the "
                               "updates, so a load-balancing loss would have no gradient; leave it at 0")
-        log_space = PRESETS[self.algo].loss == "gmpo"  # GMPO clips log w: its bounds may exceed 1
+
+    def _check_clip_range(self) -> None:
+        """clip_low and clip_high are finite and > 0; clip_low at most 1 unless the objective clips log w."""
+        from moestab.rl import PRESETS
+
+        log_space = PRESETS[self.algo].objective.log_space  # declared by the loss (GMPO clips log w): may exceed 1
         if self.clip_low is not None:
             rule = "> 0" if log_space else "in (0, 1] (the ratio's lower bound 1 - clip_low must be >= 0)"
-            _finite("clip_low", self.clip_low, rule, lambda v: v > 0 and (log_space or v <= 1))
+            check_finite("clip_low", self.clip_low, rule, lambda v: v > 0 and (log_space or v <= 1))
         if self.clip_high is not None:
-            _finite("clip_high", self.clip_high, "> 0", lambda v: v > 0)
-        if self.resume is not None and self.overwrite:
-            raise ConfigError("resume and overwrite exclude each other: --resume continues a run, --overwrite "
-                              "deletes it")
+            check_finite("clip_high", self.clip_high, "> 0", lambda v: v > 0)
+
+    def _check_fractions(self) -> None:
+        """record_fraction in (0, 1], warm_start_target in [0, 1]."""
         if not 0 < self.record_fraction <= 1:
             raise ConfigError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if not 0 <= self.warm_start_target <= 1:
             raise ConfigError(f"warm_start_target must be in [0, 1], got {self.warm_start_target}")
-        if self.gamma_min is not None:
-            if PRESETS[self.algo].gamma_min is None:
-                raise ConfigError(f"gamma_min applies to algo rspo only (the router-shift weight), not {self.algo!r}")
-            try:
-                check_gamma_min(self.gamma_min)  # the loss's own range: one definition
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
+
+    def _check_gamma_min(self) -> None:
+        """gamma_min: RSPO's only, in the loss's own range."""
+        from moestab.rl import PRESETS
+        from moestab.rl.router_shift import check_gamma_min
+
+        if self.gamma_min is None:
+            return
+        if PRESETS[self.algo].gamma_min is None:
+            raise ConfigError(f"gamma_min applies to algo rspo only (the router-shift weight), not {self.algo!r}")
+        try:
+            check_gamma_min(self.gamma_min)  # the loss's own range: one definition
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def _check_text_fields(self) -> None:
         """An empty text field is a mistake (an unset variable in a script), never the default: say what it takes."""
@@ -244,8 +269,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
                 raise ConfigError(f"{name} is empty; give {what}")
-        if self.cache_dir is not None and (problem := folder_problem(self.cache_dir)):
-            raise ConfigError(f"cache_dir: {problem}; give a folder (it is created if missing)")
+        check_cache_dir("cache_dir", self.cache_dir)
 
     def resolved_preset(self) -> AlgorithmPreset:
         """The algorithm preset with this config's overrides (clip range, kl_coef, gamma_min) applied."""
@@ -272,40 +296,36 @@ class TrainConfig:
         return self.resume or self.out or f"runs/{self.algo}-{self.routing_replay}-seed{self.seed}"
 
 
-def check_seed(name: str, seed: int) -> None:
-    """:class:`ConfigError` unless ``seed`` is an integer ``0 <= seed < 2**63`` (what torch's generators take)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
-        raise ConfigError(f"{name} must be an integer 0 <= {name} < 2**63 (what torch's random generators take), "
-                          f"got {shown(seed)}")
+def load_train_config(config_file: str | None = None, flags: Mapping[str, Any] | None = None) -> TrainConfig:
+    """The config ``moestab train`` runs: the YAML file's fields, then ``flags`` (later wins; a flag set to None is
+    unset). With ``resume``, these apply on top of the resumed run's own settings from its run.json, so a run
+    continues with what it ran with; whether anything else changed is checked when it resumes."""
+    from moestab.records.errors import RunError
+    from moestab.records.run_info import read_run_info
+    from moestab.train import TrainingError
+
+    layers = [load_yaml(config_file) if config_file is not None else {}, dict(flags or {})]
+    config = build_config(TrainConfig, *layers)  # the file and flags alone must be valid
+    if not config.resume:
+        return config
+    try:
+        saved = {k: v for k, v in read_run_info(config.resume).config.items() if k not in ("out", "resume")}
+    except RunError as exc:
+        raise TrainingError(f"--resume {config.resume}: {exc}") from exc
+    return build_config(TrainConfig, saved, *layers)
 
 
-def divisors_text(n: int, shown_at_most: int = 24) -> str:
-    """The divisors of ``n`` as 'a, b, c' for an error (the first and last ones when there are many)."""
-    if n > 10**12:  # the search takes sqrt(n) steps
-        return f"the divisors of {n}"
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    found = small + [n // d for d in reversed(small) if d * d != n]
-    if len(found) > shown_at_most:
-        half = shown_at_most // 2
-        return ", ".join(map(str, found[:half])) + ", ..., " + ", ".join(map(str, found[-half:]))
-    return ", ".join(map(str, found))
+def _check_model(model: str) -> None:
+    """An embedded model spec parses (a checkpoint folder or hub id is checked when it is loaded)."""
+    if is_embedded(model):
+        try:
+            parse_model_spec(model)
+        except ValueError as exc:
+            raise ConfigError(f"model: {exc}") from exc
 
 
-def _finite(name: str, value: float, rule: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not ok(value):
-        raise ConfigError(f"{name} must be a finite number {rule}, got {shown(value)}")
-
-
-def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ConfigError(f"{name}: unknown {shown(value)}; valid: {', '.join(valid)}")
-
-
-def _at_least(name: str, value: int, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {shown(value)}")
-
-
-def _at_most(name: str, value: int, high: int, why: str) -> None:
-    if value > high:
-        raise ConfigError(f"{name} must be at most {high:,} ({why}), got {shown(value)}")
+def _check_start(resume: str | None, overwrite: bool) -> None:
+    """A run either continues (resume) or starts over (overwrite), never both."""
+    if resume is not None and overwrite:
+        raise ConfigError("resume and overwrite exclude each other: --resume continues a run, --overwrite "
+                          "deletes it")

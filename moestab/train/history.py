@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moestab.metrics import keys
 from moestab.tasks import Example
 
 MAX_REDRAWS = 8
@@ -48,7 +49,7 @@ class SolvedPrompts:
                     seen.add(ex.prompt)
         short = len(examples) - len(kept)
         kept += [ex for ex in examples if ex.prompt in self.prompts][:short]  # the draws ran dry: keep some
-        return kept, {"sampling/history_skipped": float(skipped), "sampling/history_kept_solved": float(short)}
+        return kept, {keys.HISTORY_SKIPPED: float(skipped), keys.HISTORY_KEPT_SOLVED: float(short)}
 
     def state(self) -> dict:
         return {"srpo_solved": sorted(self.prompts)}

@@ -17,12 +17,11 @@ from pathlib import Path
 import yaml
 
 from moestab.configs import config_to_dict
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunError
-from moestab.records.run_info import read_run_info
 from moestab.train.config import TrainConfig
 from moestab.train.interrupt import exit_status
-from moestab.train.loop import prepare_run_folder
+from moestab.train.run_folder import prepare_run_folder
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 SHUTDOWN_TIMEOUT_S = 3600
@@ -84,9 +83,9 @@ def launch(config: TrainConfig) -> tuple[int, bool]:
 def _clean_end_since(run_dir: Path, started: float) -> str | None:
     """``interrupted`` or ``finished`` when this launch's run left run.json so (a run.json from before does not
     count), else ``None``."""
-    path = run_dir / schema.RUN_JSON
+    folder = RunFolder(run_dir)
     try:
-        status = read_run_info(run_dir).status if path.stat().st_mtime >= started else None
+        status = folder.info().status if folder.run_json.stat().st_mtime >= started else None
     except (OSError, RunError):
         return None
     return status if status in (schema.STATUS_FINISHED, schema.STATUS_INTERRUPTED) else None

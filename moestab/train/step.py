@@ -30,8 +30,9 @@ import torch
 from transformers import PreTrainedModel
 
 from moestab import rl
+from moestab.metrics import keys
 from moestab.recording.batch import RolloutBatch, cat_batches
-from moestab.recording.step_metrics import response_metrics, step_metrics
+from moestab.recording.step_metrics import Updates, step_metrics
 from moestab.recording.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 from moestab.records import schema
 from moestab.rl.shaping import overlong_penalty
@@ -184,14 +185,14 @@ def _sample(
     task_rewards, penalty, correct = (torch.cat([p[i] for p in out]) for i in (2, 3, 4))
     metrics: dict[str, float] = {}
     if s.overlong_cache:
-        metrics = {"reward/task_mean": task_rewards.mean().item(),
-                   "reward/overlong_penalty_mean": penalty.mean().item(),
-                   "reward/overlong_frac": (penalty < 0).float().mean().item()}
+        metrics = {keys.REWARD_TASK_MEAN: task_rewards.mean().item(),
+                   keys.REWARD_OVERLONG_PENALTY: penalty.mean().item(),
+                   keys.REWARD_OVERLONG_FRAC: (penalty < 0).float().mean().item()}
     if s.dynamic_sampling:  # the whole step's counts, on every process
         with_signal = world.sum(sum(len(part[1]) for _, part in kept))
         filled = max(0, needed * world.size - int(with_signal))
-        metrics.update({"sampling/groups_drawn": int(world.sum(drawn)), "sampling/groups_dropped":
-                        int(world.sum(dropped)), "sampling/extra_rollouts": rounds, "sampling/groups_filled": filled})
+        metrics.update({keys.SAMPLING_DRAWN: int(world.sum(drawn)), keys.SAMPLING_DROPPED: int(world.sum(dropped)),
+                        keys.SAMPLING_EXTRA: rounds, keys.SAMPLING_FILLED: filled})
     return _Sampled(batch, examples, task_rewards + penalty, correct, metrics)
 
 
@@ -255,8 +256,9 @@ RUNTIME_INPUTS: dict[str, Callable[[_LossContext], Any]] = {
     "router_logp_old": lambda c: _router_logp(c.old.free.routes.select(c.rows), c),
     "router_logp_new": lambda c: _router_logp(c.fwd.routes, c),
 }
-"""How the step fills each input an objective declares (``AlgorithmPreset.runtime_inputs``): one table, so a
-new objective adds an entry here instead of a branch in the step."""
+"""How the step fills each input an objective declares (``@objective(..., runtime_inputs=...)``, gathered with the
+aggregation's and the KL penalty's in ``AlgorithmPreset.runtime_inputs``): one table, so a new objective that needs
+a tensor no other one does adds an entry here instead of a branch in the step."""
 
 
 def _needs_router_logprobs(preset: rl.AlgorithmPreset) -> bool:
@@ -385,32 +387,11 @@ def run_step(
         tensors, per_minibatch, sampling = _merge_ranks(world, tensors, up, sampled.metrics, s, engine)
         if tensors is None:  # not rank 0: rank 0 computes the step's metrics, every rank gets them
             return world.broadcast(None), local
-    metrics = {
-        "time/step_s": time.perf_counter() - t0,
-        "time/rollout_s": t_rollout,
-        "time/update_s": t_update,
-        **_reward_metrics(tensors),
-        **response_metrics(tensors),
-        **sampling,
-        "minibatches": len(chunks),
-        "loss": sum(up.losses) / len(up.losses),
-        "grad_norm": sum(up.grad_norms) / len(up.grad_norms),
-        "grad_norm_max": max(up.grad_norms),
-        **step_metrics(tensors, per_minibatch, replay=s.replay),
-    }
+    measured = {keys.TIME_STEP: time.perf_counter() - t0, keys.TIME_ROLLOUT: t_rollout, keys.TIME_UPDATE: t_update,
+                **sampling, keys.MINIBATCHES: len(chunks)}
+    metrics = step_metrics(tensors, replay=s.replay, updates=Updates(up.losses, up.grad_norms, per_minibatch),
+                           measured=measured)
     return world.broadcast(metrics), tensors
-
-
-def _reward_metrics(t: StepTensors) -> dict[str, float]:
-    """Reward and accuracy of the step's sequences."""
-    return {
-        "reward/mean": t.rewards.mean().item(),
-        "reward/std": t.rewards.std().item() if len(t.rewards) > 1 else 0.0,
-        "accuracy": t.correct.float().mean().item(),
-    }
-
-
-
 
 
 def _merge_ranks(
@@ -435,9 +416,13 @@ def _merge_ranks(
             metrics["objective/router_aux_loss"] = torch.tensor(aux)
         per_minibatch.append(metrics)
     # Dynamic sampling's counts are the whole step's on every rank; shaping means over equal shares are averaged.
-    combined = {key: parts[0][2][key] if key.startswith("sampling/") else _mean([p[2][key] for p in parts])
+    combined = {key: parts[0][2][key] if key in _WHOLE_STEP_COUNTS else _mean([p[2][key] for p in parts])
                 for key in parts[0][2]}
     return merged, per_minibatch, combined
+
+
+_WHOLE_STEP_COUNTS = frozenset({keys.SAMPLING_DRAWN, keys.SAMPLING_DROPPED, keys.SAMPLING_EXTRA, keys.SAMPLING_FILLED})
+"""Dynamic sampling's counts: every rank already holds the whole step's."""
 
 
 def _mean(values: list[float]) -> float:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from moestab.configs import ConfigError
-from moestab.records import schema
+from moestab.metrics import keys
+from moestab.records import RunFolder
 
 
 class Tracker(Protocol):
@@ -40,7 +41,7 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
                 put(f"{key}/{i}", item)
 
     for key, value in metrics.items():
-        if key != "step":
+        if key != keys.STEP:
             put(key, value)
     return out
 
@@ -63,7 +64,7 @@ class _TensorBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: events of steps after the checkpoint resumed from (logged, then lost to a crash) are dropped
-        self.writer = SummaryWriter(log_dir=str(run.run_dir / schema.TENSORBOARD_DIR),
+        self.writer = SummaryWriter(log_dir=str(RunFolder(run.run_dir).tensorboard_dir),
                                     purge_step=run.start_step + 1 if run.start_step else None)
 
     def log(self, metrics: dict[str, float], step: int) -> None:

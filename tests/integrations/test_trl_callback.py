@@ -30,6 +30,7 @@ from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.integrations.trl.capture import ForwardCapture
 from moestab.integrations.trl.cycle import match_rows
 from moestab.integrations.trl.settings import check_supported, cycle_layout
+from moestab.metrics import keys
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
 from moestab.records import schema
 from moestab.records.reader import list_token_files, load_metrics, read_run_info
@@ -132,6 +133,13 @@ DASHBOARD_PAGES = ["app_pages/runs.py", "app_pages/training.py", "app_pages/vola
 
 
 @pytest.mark.parametrize("recorded", ["sequence"], indirect=True)  # one run is enough: the pages read the same
+def test_each_line_holds_exactly_the_key_tables_keys_for_trl(recorded):
+    # No reward/*, accuracy, loss or grad norm: TRL's micro-batches hold no rewards and TRL logs its own updates.
+    for m in recorded.metrics:
+        assert list(m) == keys.written_keys(keys.TRL)
+    assert all(np.isnan(recorded.tokens[schema.COL_REWARD]))  # unknown, not made up
+
+
 def test_the_dashboard_draws_every_page_of_a_trl_run(recorded, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
@@ -350,3 +358,23 @@ def test_the_trl_writer_holds_the_run_folders_lock_and_a_second_writer_is_refuse
             run_snippet(other, model, tokenizer, max_steps=2)
         assert [p.name for p in (other / "run").iterdir()] == [schema.LOCK_FILE]  # nothing written
     assert not (other / "run").exists()
+
+
+def test_a_run_in_the_folder_is_kept_unless_overwritten_by_moestab_trains_own_rules(tmp_path):
+    from moestab.records import RunFolderError
+
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    run_snippet(tmp_path, model, tokenizer, max_steps=2)
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    refusal = (f"{run} already holds a run (finished, last step 1); choose another run_dir or start over with "
+               "RecordSettings(..., overwrite=True)")
+    with pytest.raises(RunFolderError, match=re.escape(refusal)):
+        run_snippet(tmp_path, model, tokenizer, max_steps=2)
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before  # nothing changed
+    (run / "notes.txt").write_text("part of the old run")
+    MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward,
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                       args=grpo_args(tmp_path / "trl", max_steps=2),
+                       moestab=RecordSettings(run, overwrite=True)).train()
+    assert read_run_info(run).status == "finished" and not (run / "notes.txt").exists()  # deleted, then rewritten

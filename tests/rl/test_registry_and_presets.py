@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from moestab.rl import (
-    LOSS_SPECIFIC_INPUTS,
     LOSSES,
     PRESETS,
     AlgorithmPreset,
@@ -135,7 +134,7 @@ def test_registered_losses_share_the_common_signature():
     for name, fn in LOSSES.items():
         params = inspect.signature(fn).parameters
         assert set(common) <= set(params), name
-        assert set(params) - set(common) == set(LOSS_SPECIFIC_INPUTS[name]), name
+        assert set(params) - set(common) == set(fn.inputs), name
         # No hidden defaults for the settings that define an algorithm:
         for required in ("level", "clip_low", "clip_high", "aggregation"):
             assert params[required].default is inspect.Parameter.empty, (name, required)

@@ -12,9 +12,8 @@ import pytest
 
 from moestab.cli import main
 from moestab.configs import ConfigError
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.train import TrainingError, train
-from moestab.train.checkpoint import complete_checkpoints
 
 from .helpers import TASK, tiny_config
 
@@ -40,7 +39,7 @@ def test_resume_after_a_kill_reproduces_an_uninterrupted_run(tmp_path, cache_dir
             shutil.rmtree(path)
         else:
             path.unlink()
-    assert complete_checkpoints(killed)[-1] == 2
+    assert RunFolder(killed).complete_checkpoints()[-1] == 2
     train(tiny_config(killed, cache_dir, steps=4, save_every=2, resume=str(killed)), **QUIET)
 
     assert metric_lines(killed) == metric_lines(straight)
@@ -65,7 +64,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
         train(tiny_config(run, cache_dir, steps=3), **QUIET)
     info = json.loads((run / schema.RUN_JSON).read_text())
     assert info["status"] == "failed" and "nan" in info["error"] and info["last_step"] == 1
-    assert complete_checkpoints(run) == [0, 1]
+    assert RunFolder(run).complete_checkpoints() == [0, 1]
 
 
 @pytest.mark.slow
@@ -86,7 +85,7 @@ def test_ctrl_c_saves_and_exits_cleanly(tmp_path, cache_dir):
     info = json.loads((run / schema.RUN_JSON).read_text())
     assert info["status"] == "interrupted", out
     last = info["last_step"]
-    assert 2 <= last < 200 and complete_checkpoints(run)[-1] == last
+    assert 2 <= last < 200 and RunFolder(run).complete_checkpoints()[-1] == last
     assert f"continue with `moestab train --resume {run}`" in out
 
 

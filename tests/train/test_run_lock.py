@@ -11,10 +11,9 @@ import socket
 
 import pytest
 
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.lock import RunLockedError, lock_path, run_lock
 from moestab.train import TrainingError, train
-from moestab.train.run_folder import clear_run, prepare_new
 
 from .helpers import tiny_config
 
@@ -64,11 +63,11 @@ def test_a_dead_writers_lock_is_taken_over_with_a_note(tmp_path, cache_dir):
 def test_a_folder_holding_only_a_lock_is_empty_and_overwrite_keeps_the_lock(tmp_path, cache_dir):
     run = tmp_path / "run"
     with run_lock(run, note=pytest.fail):
-        assert prepare_new(run, overwrite=False) is False  # not "a non-empty folder that is not a moestab run"
+        assert RunFolder(run).check_new(overwrite=False) is False  # not "a non-empty folder that is not a moestab run"
     train(tiny_config(run, cache_dir, steps=1), **QUIET)
     with run_lock(run, note=pytest.fail):
-        assert prepare_new(run, overwrite=True) is True
-        clear_run(run)
+        assert RunFolder(run).check_new(overwrite=True) is True
+        RunFolder(run).clear()
         assert [p.name for p in run.iterdir()] == [schema.LOCK_FILE]
         with pytest.raises(RunLockedError), run_lock(run, note=pytest.fail):  # still held while the run is redone
             pass

@@ -7,8 +7,8 @@
     trainer.train()  # runs/trl-gspo: run.json, metrics.jsonl, tokens/ (docs/run-format.md)
 
 ``RoutingRecords`` is the same as a mixin for a ``GRPOTrainer`` subclass of your own. The run folder is written by
-``moestab.records`` with the step metrics and token tables of ``moestab train`` (``moestab.recording.step_metrics``,
-``moestab.recording.token_table``), so ``moestab analyze`` and the dashboard read it unchanged.
+``moestab.records`` with the step metrics and token tables of ``moestab train`` (the recording layer,
+``moestab.recording``, that both call), so ``moestab analyze`` and the dashboard read it unchanged.
 
 **Why a subclass hook, not a ``TrainerCallback``.** Callbacks receive the model but never the batch: the
 advantages (hence which ratios the loss clipped) and TRL's pi_old log-probs are only in the micro-batch that

@@ -241,8 +241,8 @@ def assemble(
     tensors = StepTensors(
         batch=batch,
         examples=_examples(pool[:, :prompt_len], group_size, decode),
-        rewards=torch.full((n,), float("nan")),  # not in TRL's micro-batches (only the advantages are)
-        correct=torch.zeros(n, dtype=torch.bool),  # unknown and never written: no task scores TRL's completions
+        rewards=None,  # not in TRL's micro-batches (only the advantages are): no reward/* key, NaN in the tables
+        correct=None,  # unknown: no task scores TRL's completions
         advantages=advantages,
         minibatch=gather_rows(optimizer_step, rows, n),  # [N]
         logp_old=old.logp,

@@ -23,13 +23,12 @@ from transformers import TrainerCallback
 from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
 from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
-from moestab.recording.step_metrics import response_metrics, step_metrics
-from moestab.recording.token_table import record_rows, token_table
-from moestab.records import schema
-from moestab.records.errors import RunError
-from moestab.records.lock import folder_contents, run_lock
-from moestab.records.run_info import ModelInfo, read_run_info
-from moestab.records.writer import RunWriter, clear_run_folder
+from moestab.metrics import keys
+from moestab.recording.recorder import write_step_metrics, write_step_tokens
+from moestab.recording.step_metrics import step_metrics
+from moestab.records import Remedies, RunFolder, schema
+from moestab.records.run_info import ModelInfo
+from moestab.records.writer import RunWriter
 from moestab.routing import RecordingError, RoutingRecorder, find_routers
 from moestab.routing.compat import check_generate_recording
 
@@ -44,24 +43,8 @@ UNSUPPORTED_FEATURES = {
 """``GRPOTrainer`` features whose completions moestab cannot align with the policy's generate() calls."""
 
 
-def prepare_run_dir(run_dir: Path, *, overwrite: bool) -> None:
-    """Check that a new run may be written to ``run_dir`` (absent, empty, or with ``overwrite`` a run that is not
-    running, which is then deleted); ``FileExistsError`` saying what is there otherwise. Called with the folder's
-    lock held (its lock file is no content)."""
-    if not run_dir.exists() or (run_dir.is_dir() and not folder_contents(run_dir)):
-        return
-    try:
-        info = read_run_info(run_dir)
-    except RunError as exc:
-        raise FileExistsError(f"{run_dir} exists and is not a moestab run folder ({exc}); "
-                              "choose another run_dir") from exc
-    status = info.live_status()
-    if status == schema.STATUS_RUNNING:
-        raise FileExistsError(f"{run_dir} holds a run still being written by process {info.writer.get('pid')}")
-    if not overwrite:
-        raise FileExistsError(f"{run_dir} already holds a run ({status}, last step {info.last_step}); choose another "
-                              "run_dir or RecordSettings(..., overwrite=True)")
-    clear_run_folder(run_dir)
+REMEDIES = Remedies(folder="run_dir", overwrite="RecordSettings(..., overwrite=True)", resume=None)
+"""How a refusal of the run folder tells a TRL user to go on (the policy is ``moestab train``'s: ``RunFolder``)."""
 
 
 def _note(message: str) -> None:
@@ -122,9 +105,12 @@ class TrlRecords:
                              "after a resume; start a new run folder")
         with ExitStack() as stack:
             # One writer per folder: held from before anything there is deleted or written until run.json says how
-            # training ended; another live writer's folder is refused (RunLockedError names it).
-            stack.enter_context(run_lock(self.run_dir, note=_note))
-            prepare_run_dir(self.run_dir, overwrite=self.settings.overwrite)
+            # training ended; another live writer's folder is refused (RunLockedError names it). The folder is then
+            # checked as ``moestab train`` checks it: absent, empty, or (overwrite) a run not being written, deleted.
+            folder = RunFolder(self.run_dir)
+            stack.enter_context(folder.lock(note=_note))
+            if folder.check_new(overwrite=self.settings.overwrite, remedies=REMEDIES):
+                folder.clear()
             self.writer = None
             self._stack = stack
             try:
@@ -214,15 +200,11 @@ class TrlRecords:
         t = assemble(cycle, new_calls, layout=self.layout, clip=self.clip,
                      group_size=int(self.trainer.args.num_generations),
                      decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
-        metrics = {
-            "time/step_s": time.perf_counter() - cycle.started,
-            **response_metrics(t),
-            "minibatches": self.layout.optimizer_steps,
-            **step_metrics(t, [{}], replay="off"),  # TRL's loss diagnostics are TRL's to log
-        }
-        rows = record_rows(t.batch.batch_size, self.settings.record_fraction, int(self.trainer.args.seed) + step)
-        self.writer.write_tokens(step, token_table(step, t, rows=rows, layer_slots=self.layer_slots))
-        self.writer.append_metrics({"step": step, **metrics})
+        measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps}
+        metrics = step_metrics(t, replay="off", measured=measured)  # no updates: TRL logs its loss and grad norm
+        write_step_tokens(self.writer, step, t, record_fraction=self.settings.record_fraction,
+                          seed=int(self.trainer.args.seed) + step, layer_slots=self.layer_slots)
+        write_step_metrics(self.writer, step, metrics)
         self.writer.update(last_step=step)
 
     def _pi_new(self, calls: list[ScoringCall]) -> list[ScoringCall]:

@@ -1,0 +1,385 @@
+"""Every metrics.jsonl key, declared once: its type and shape, the function that computes it, its definition.
+
+The recording layer (:mod:`moestab.recording.step_metrics`) computes the keys this table gives to it and writes
+each line in the table's order, refusing a key the table does not declare; ``moestab analyze``, the dashboard, the
+probes, the trackers and the progress bar read the key names from here; docs/metrics.md's key reference is
+generated from :data:`TABLE` (``python scripts/metric_docs.py``; ``tests/test_docs.py`` fails when they differ).
+
+A row (:class:`MetricKey`) is a key, or a pattern with one field (``routing/{pair}/changed``) expanded over
+``over``. Consecutive rows over the same values expand together, value by value
+(``routing/old_new/changed``, ``routing/old_new/router_flip``, ..., ``routing/rollout_old/changed``, ...): that is
+metrics.jsonl's order. A row is *computed* (its function, in the recording layer, gets the step's tensors and the
+trainer's update reports and is called for every step) or *measured* by the trainer and handed over as it is.
+
+**Adding a metric** is one function plus one row: write ``def my_metrics(v: StepView) -> dict`` in
+``moestab/recording/step_metrics.py`` (the math, if any, in :mod:`moestab.metrics`), declare its key here with
+``function=`` that function, and run ``python scripts/metric_docs.py``. Every step then computes and writes it,
+and the docs list it.
+
+This module is data (it imports no torch): every layer can import it.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from moestab.metrics.ratios import RATIO_QUANTILES
+from moestab.records import schema
+
+# ---- types and shapes ---------------------------------------------------------------------------------------
+FLOAT = "float"
+INT = "int"
+PER_LAYER = "list[layers] of float"
+"""One value per MoE layer of the model (``moe_layers``, whatever the token tables record)."""
+PER_MINIBATCH = "list[minibatches] of float, or null"
+PER_LAYER_EXPERT = "list[layers][experts] of float"
+
+# ---- when a key is written (a row's ``when``: every condition must hold; none = every step of every trainer) --
+PHASE_TIMES = "phase times"
+REWARDS = "rewards"
+UPDATES = "updates"
+TOKEN_ENTROPY = "token entropy"
+ROUTER_STATS = "router stats"
+OVERLONG = "overlong"
+DYNAMIC_SAMPLING = "dynamic sampling"
+HISTORY = "history"
+RSPO = "rspo"
+ROUTER_AUX = "router aux"
+EVAL = "eval"
+CONDITIONS: dict[str, str] = {
+    PHASE_TIMES: "the trainer times its rollout and its updates apart (`moestab train`)",
+    REWARDS: "the trainer knows each sequence's reward and correctness (`moestab train`; TRL's micro-batches hold "
+             "only the advantages)",
+    UPDATES: "the trainer reports its minibatch updates (`moestab train`; TRL logs its own loss and grad norm)",
+    TOKEN_ENTROPY: "the trainer recorded pi_old's token entropy (both trainers)",
+    ROUTER_STATS: "pi_old's free routes were recorded with router statistics (both trainers)",
+    OVERLONG: "DAPO's overlong shaping, `--overlong-cache` (on in the `dapo` preset)",
+    DYNAMIC_SAMPLING: "DAPO's dynamic sampling, `--dynamic-sampling` (on in the `dapo` preset)",
+    HISTORY: "SRPO's history resampling, `--history-resampling`",
+    RSPO: "the `rspo` objective",
+    ROUTER_AUX: "`--router-aux-loss-coef > 0`",
+    EVAL: "an eval step (`--eval-every`, and the last step)",
+}
+"""Every condition a row may name, with what turns it on."""
+MOESTAB_TRAIN = frozenset({PHASE_TIMES, REWARDS, UPDATES, TOKEN_ENTROPY, ROUTER_STATS})
+"""The conditions every ``moestab train`` step meets (add the run's settings: :data:`OVERLONG`, :data:`EVAL`, ...)."""
+TRL = frozenset({TOKEN_ENTROPY, ROUTER_STATS})
+"""The conditions every step of the TRL integration (``moestab.integrations.trl``) meets."""
+
+# ---- docs/metrics.md sections, in order: (title, text under the title) ------------------------------------------
+SECTIONS: dict[str, tuple[str, str]] = {
+    "progress": ("Run progress", ""),
+    "ratios": (
+        "Ratios and clipping (`moestab.metrics.ratios`)",
+        "Over all response tokens of the step. `log w = logp_update - logp_old` per token (the ratio that entered the "
+        "loss); `log s = mean_t log w` per sequence (GSPO Eq. 7). The loss functions also return ratio and clip "
+        "statistics per minibatch (docs/objectives.md); they are not logged, because a mean of per-minibatch maxima "
+        "is not the step's maximum and the first minibatch dilutes a clip share. The step-level versions are these.",
+    ),
+    "routing": (
+        "Routing change (`moestab.metrics.routes`)",
+        "Over the step's response tokens and every MoE layer, for the route pairs `old_new`, `rollout_old` and "
+        "`rollout_old_free` (table above).",
+    ),
+    "mismatch": (
+        "Rollout -> trainer log-prob mismatch (`moestab.metrics.mismatch`)",
+        "With `d = log pi_trainer - log mu_rollout` on the response tokens (REFERENCES \"Train-inference mismatch\"), "
+        "for the log-prob pairs `rollout_old` (trainer = pi_old as used in the ratio) and `rollout_old_free` "
+        "(trainer = free pi_old).",
+    ),
+    "experts": ("Experts (`moestab.metrics.experts`)", ""),
+}
+
+ROUTE_METRIC_PAIRS = ("old_new", *schema.LOGP_PAIRS)
+"""Route pairs (:data:`moestab.records.schema.ROUTE_PAIRS`) whose change every step logs."""
+QUANTILES = tuple(f"{q:g}" for q in RATIO_QUANTILES)
+"""The ratio quantiles every step logs, as written in the keys (``ratio/token_q0.99``)."""
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    """One row of the table: a metrics.jsonl key, or a pattern of keys."""
+
+    pattern: str
+    """The key, or a pattern with one field (``routing/{pair}/changed``) filled from :attr:`over`."""
+    kind: str
+    """Type and shape of the value (:data:`FLOAT`, :data:`PER_LAYER`, ...); NaN is written as ``null``."""
+    function: str
+    """Dotted path of the function that computes the value."""
+    definition: str
+    """One line: what the number is."""
+    section: str
+    """Its section of docs/metrics.md (:data:`SECTIONS`)."""
+    when: tuple[str, ...] = ()
+    """Conditions (:data:`CONDITIONS`) under which a step writes it; none: every step of every trainer."""
+    over: tuple[str, ...] = ()
+    """The values of the pattern's field."""
+    computed: bool = True
+    """True: the recording layer computes it from the step's tensors and update reports (:attr:`function` is called
+    for every step); False: the trainer measures it and hands it over."""
+
+    @property
+    def field(self) -> str | None:
+        """The pattern's field name (``pair``), or None for a plain key."""
+        names = [name for _, name, _, _ in string.Formatter().parse(self.pattern) if name is not None]
+        return names[0] if names else None
+
+    def key(self, value: str | None = None) -> str:
+        """The key of ``value`` of the pattern's field (the plain key when it has none)."""
+        return self.pattern if self.field is None else self.pattern.format_map({self.field: value})
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key of the row."""
+        return (self.pattern,) if self.field is None else tuple(self.key(v) for v in self.over)
+
+
+TABLE: list[MetricKey] = []
+"""Every row, in metrics.jsonl's order."""
+
+
+def _row(pattern: str, kind: str, function: str, definition: str, section: str = "progress", *,
+         when: tuple[str, ...] = (), over: tuple[str, ...] = (), computed: bool = True) -> str:
+    """Declare a row; returns its pattern (the key of a plain row), for the module's constants."""
+    row = MetricKey(pattern, kind, function, definition, section, when, over, computed)
+    if (row.field is None) != (not over):
+        raise ValueError(f"{pattern}: a pattern needs the values of its field, and only a pattern takes them")
+    TABLE.append(row)
+    return pattern
+
+
+_METRICS = "moestab.recording.step_metrics"
+_STEP = "moestab.train.step"
+
+# ---- the table, in metrics.jsonl's order --------------------------------------------------------------------------
+STEP = _row("step", INT, "moestab.recording.recorder.write_step_metrics", "1-based step", computed=False)
+TIME_STEP = _row("time/step_s", FLOAT, f"{_STEP}.run_step", "wall time of the step (s), metrics excluded "
+                 "(TRL: of the generation batch and its optimizer steps)", computed=False)
+TIME_ROLLOUT = _row("time/rollout_s", FLOAT, f"{_STEP}.run_step", "wall time of the rollout and its scoring (s)",
+                    when=(PHASE_TIMES,), computed=False)
+TIME_UPDATE = _row("time/update_s", FLOAT, f"{_STEP}.run_step", "wall time of the minibatch updates (s)",
+                   when=(PHASE_TIMES,), computed=False)
+REWARD_MEAN = _row("reward/mean", FLOAT, f"{_METRICS}.reward_metrics", "mean sequence reward over the rollout batch "
+                   "(after any shaping: what the advantages use)", when=(REWARDS,))
+REWARD_STD = _row("reward/std", FLOAT, f"{_METRICS}.reward_metrics", "standard deviation (n - 1) of the sequence "
+                  "reward over the rollout batch; 0 for one sequence", when=(REWARDS,))
+ACCURACY = _row("accuracy", FLOAT, f"{_METRICS}.reward_metrics", "share of rollout responses the task scores "
+                "correct", when=(REWARDS,))
+RESPONSE_LENGTH_MEAN = _row("response/length_mean", FLOAT, f"{_METRICS}.response_metrics",
+                            "mean response length in tokens (EOS included)")
+RESPONSE_LENGTH_MAX = _row("response/length_max", INT, f"{_METRICS}.response_metrics",
+                           "longest response in tokens (EOS included)")
+ADVANTAGE_NONZERO = _row("advantage/nonzero_frac", FLOAT, f"{_METRICS}.response_metrics",
+                         "share of the step's sequences with a nonzero advantage (0: every group's rewards were equal; "
+                         "`--max-zero-advantage-steps` such steps in a row stop the run)")
+ENTROPY = _row("entropy", FLOAT, f"{_METRICS}.response_metrics", "mean token entropy of pi_old (free routing) over "
+               "response tokens, nats", when=(TOKEN_ENTROPY,))
+REWARD_TASK_MEAN = _row("reward/task_mean", FLOAT, f"{_STEP}._sample", "mean task reward before overlong shaping",
+                        when=(OVERLONG,), computed=False)
+REWARD_OVERLONG_PENALTY = _row("reward/overlong_penalty_mean", FLOAT, f"{_STEP}._sample",
+                               "mean overlong penalty (`moestab.rl.shaping`)", when=(OVERLONG,), computed=False)
+REWARD_OVERLONG_FRAC = _row("reward/overlong_frac", FLOAT, f"{_STEP}._sample", "share of responses penalised as "
+                            "overlong", when=(OVERLONG,), computed=False)
+SAMPLING_DRAWN = _row("sampling/groups_drawn", INT, f"{_STEP}._sample", "prompt groups sampled, every process's "
+                      "(with `--nproc N` each samples its share of every round; the decisions are the whole step's)",
+                      when=(DYNAMIC_SAMPLING,), computed=False)
+SAMPLING_DROPPED = _row("sampling/groups_dropped", INT, f"{_STEP}._sample", "groups dropped because their rewards "
+                        "were all equal", when=(DYNAMIC_SAMPLING,), computed=False)
+SAMPLING_EXTRA = _row("sampling/extra_rollouts", INT, f"{_STEP}._sample", "extra rollouts drawn (at most "
+                      "`--dynamic-sampling-rounds`)", when=(DYNAMIC_SAMPLING,), computed=False)
+SAMPLING_FILLED = _row("sampling/groups_filled", INT, f"{_STEP}._sample", "dropped groups kept to fill the batch "
+                       "when the budget ran out", when=(DYNAMIC_SAMPLING,), computed=False)
+MINIBATCHES = _row("minibatches", INT, f"{_STEP}.run_step", "minibatch updates that ran (= `--minibatches`, which "
+                   "must divide the batch; TRL: optimizer steps per generation batch)", computed=False)
+LOSS = _row("loss", FLOAT, f"{_METRICS}.update_metrics", "the loss the updates minimised (policy loss, any KL "
+            "penalty and coef x router aux loss), mean over the minibatches", when=(UPDATES,))
+GRAD_NORM = _row("grad_norm", FLOAT, f"{_METRICS}.update_metrics", "gradient norm before clipping, mean over the "
+                 "minibatches", when=(UPDATES,))
+GRAD_NORM_MAX = _row("grad_norm_max", FLOAT, f"{_METRICS}.update_metrics", "gradient norm before clipping, max over "
+                     "the minibatches", when=(UPDATES,))
+LOSS_KL_OLD_NEW_K1 = _row("loss/kl/old_new_k1", FLOAT, f"{_METRICS}.loss_metrics", "k1 estimate of KL(pi_old || pi) "
+                          "at each update (docs/objectives.md), mean over minibatches", when=(UPDATES,))
+LOSS_KL_OLD_NEW_K3 = _row("loss/kl/old_new_k3", FLOAT, f"{_METRICS}.loss_metrics", "k3 estimate of KL(pi_old || pi) "
+                          "at each update, mean over minibatches", when=(UPDATES,))
+LOSS_KL_REF_K3 = _row("loss/kl/ref_k3", FLOAT, f"{_METRICS}.loss_metrics", "k3 estimate of KL(pi || pi_ref), mean "
+                      "over minibatches; null without a reference model (`--kl-coef 0`)", when=(UPDATES,))
+LOSS_POLICY = _row("loss/objective/policy_loss", FLOAT, f"{_METRICS}.loss_metrics", "the objective's policy term "
+                   "(docs/objectives.md), mean over minibatches", when=(UPDATES,))
+LOSS_KL_PENALTY = _row("loss/objective/kl_penalty", FLOAT, f"{_METRICS}.loss_metrics", "the KL penalty term "
+                       "(`--kl-coef` x k3 to the reference), mean over minibatches", when=(UPDATES,))
+LOSS_RSPO_GAMMA_MEAN = _row("loss/rspo/gamma_mean", FLOAT, f"{_METRICS}.loss_metrics", "RSPO's router-shift weight "
+                            "gamma, mean over response tokens, then over minibatches", when=(UPDATES, RSPO))
+LOSS_RSPO_GAMMA_MIN = _row("loss/rspo/gamma_min", FLOAT, f"{_METRICS}.loss_metrics", "smallest gamma over response "
+                           "tokens, mean over minibatches", when=(UPDATES, RSPO))
+LOSS_RSPO_FLOOR = _row("loss/rspo/floor_frac", FLOAT, f"{_METRICS}.loss_metrics", "share of response tokens whose "
+                       "gamma was raised to its floor `gamma_min`, mean over minibatches", when=(UPDATES, RSPO))
+LOSS_ROUTER_AUX = _row("loss/objective/router_aux_loss", FLOAT, f"{_METRICS}.loss_metrics", "the model's own "
+                       "load-balancing loss (transformers' `output_router_logits`), mean over minibatches; `loss` "
+                       "includes coef x this", when=(UPDATES, ROUTER_AUX))
+ROUTING_CHANGED = _row("routing/{pair}/changed", FLOAT, f"{_METRICS}.routing_metrics", "slot-level changed fraction "
+                       "`1 - sum |E_a ∩ E_b| / (k * decisions)` (GSPO §5.3)", "routing", over=ROUTE_METRIC_PAIRS)
+ROUTING_ROUTER_FLIP = _row("routing/{pair}/router_flip", FLOAT, f"{_METRICS}.routing_metrics", "share of (token, "
+                           "layer) routers whose expert set differs (R3's \"routers\")", "routing",
+                           over=ROUTE_METRIC_PAIRS)
+ROUTING_TOKEN_FLIP = _row("routing/{pair}/token_flip", FLOAT, f"{_METRICS}.routing_metrics", "share of tokens with "
+                          ">= 1 flipped layer (R3's \"tokens\")", "routing", over=ROUTE_METRIC_PAIRS)
+ROUTING_CHANGED_BY_LAYER = _row("routing/{pair}/changed_by_layer", PER_LAYER, f"{_METRICS}.routing_metrics",
+                                "`changed` per MoE layer", "routing", over=ROUTE_METRIC_PAIRS)
+ROUTING_UPDATE_DRIFT = _row("routing/update_old/changed_by_minibatch", PER_MINIBATCH, f"{_METRICS}.drift_metrics",
+                            "`changed` between the update forward's free routes and pi_old's, per minibatch index "
+                            "(null for an empty one); null under R2/R3/TRR (the update forward does not choose its "
+                            "routes)", "routing")
+MISMATCH_K1 = _row("mismatch/{pair}/k1", FLOAT, f"{_METRICS}.mismatch_metrics", "`mean(-d)`, nats per token",
+                   "mismatch", over=tuple(schema.LOGP_PAIRS))
+MISMATCH_K3 = _row("mismatch/{pair}/k3", FLOAT, f"{_METRICS}.mismatch_metrics", "`mean(exp(d) - 1 - d)` (>= 0 per "
+                   "token), nats per token", "mismatch", over=tuple(schema.LOGP_PAIRS))
+MISMATCH_F2 = _row("mismatch/{pair}/f2", FLOAT, f"{_METRICS}.mismatch_metrics", "F(2) = `mean(|d| > ln 2)`: share "
+                   "of tokens whose probability ratio is outside [1/2, 2]", "mismatch", over=tuple(schema.LOGP_PAIRS))
+RATIO_TOKEN_MIN = _row("ratio/token_min", FLOAT, f"{_METRICS}.ratio_metrics", "min of `w` over the step's tokens",
+                       "ratios")
+RATIO_TOKEN_MAX = _row("ratio/token_max", FLOAT, f"{_METRICS}.ratio_metrics", "max of `w` over the step's tokens",
+                       "ratios")
+RATIO_TOKEN_Q = _row("ratio/token_q{q}", FLOAT, f"{_METRICS}.ratio_metrics", "quantile `q` of `w` over the step's "
+                     "tokens", "ratios", over=QUANTILES)
+RATIO_TOKEN_LOG_VAR = _row("ratio/token_log_var", FLOAT, f"{_METRICS}.ratio_metrics", "population variance of "
+                           "`log w` over the step's tokens", "ratios")
+RATIO_SEQ_MIN = _row("ratio/seq_min", FLOAT, f"{_METRICS}.ratio_metrics", "min of `s` over the step's sequences",
+                     "ratios")
+RATIO_SEQ_MAX = _row("ratio/seq_max", FLOAT, f"{_METRICS}.ratio_metrics", "max of `s` over the step's sequences",
+                     "ratios")
+RATIO_SEQ_Q = _row("ratio/seq_q{q}", FLOAT, f"{_METRICS}.ratio_metrics", "quantile `q` of `s` over the step's "
+                   "sequences", "ratios", over=QUANTILES)
+RATIO_SEQ_LOG_VAR = _row("ratio/seq_log_var", FLOAT, f"{_METRICS}.ratio_metrics", "population variance of `log s` "
+                         "over the step's sequences", "ratios")
+CLIP_TOKEN_FRAC = _row("clip/token_frac", FLOAT, f"{_METRICS}.clip_metrics", "token-weighted clipped fraction: tokens "
+                       "whose governing ratio was clipped (a clipped sequence clips all its tokens), as GSPO Fig. 2 "
+                       "compares them", "ratios")
+CLIP_SEQ_FRAC = _row("clip/seq_frac", FLOAT, f"{_METRICS}.clip_metrics", "share of sequences with a clipped token",
+                     "ratios")
+CLIP_TOKEN_FRAC_LATER = _row("clip/token_frac_later", FLOAT, f"{_METRICS}.clip_metrics", "`clip/token_frac` over "
+                             "minibatches 2..n only (the first updates from theta = theta_old: its ratio is 1 and "
+                             "never clips); null with one minibatch", "ratios")
+CLIP_SEQ_FRAC_LATER = _row("clip/seq_frac_later", FLOAT, f"{_METRICS}.clip_metrics", "`clip/seq_frac` over "
+                           "minibatches 2..n only; null with one minibatch", "ratios")
+EXPERTS_LOAD = _row("experts/load", PER_LAYER_EXPERT, f"{_METRICS}.expert_metrics", "share of each layer's routed "
+                    "slots per expert under pi_old (free), rounded to 6 decimals", "experts")
+EXPERTS_LOAD_ENTROPY = _row("experts/load_entropy", PER_LAYER, f"{_METRICS}.expert_metrics", "entropy of the load "
+                            "distribution, nats (`ln E` when uniform)", "experts")
+EXPERTS_ROUTER_ENTROPY = _row("experts/router_entropy", PER_LAYER, f"{_METRICS}.expert_metrics", "mean entropy "
+                              "(nats) of softmax(router logits) over response tokens under pi_old (free)", "experts",
+                              when=(ROUTER_STATS,))
+EXPERTS_CONFIDENCE = _row("experts/routing_confidence", PER_LAYER, f"{_METRICS}.expert_metrics", "mean routing "
+                          "confidence, the mass softmax(router logits) puts on the chosen experts (prime-rl, after the "
+                          "StepFun 3.5 Flash report), over response tokens under pi_old (free)", "experts",
+                          when=(ROUTER_STATS,))
+EXPERTS_CONFIDENCE_MEAN = _row("experts/routing_confidence_mean", FLOAT, f"{_METRICS}.expert_metrics",
+                               "`experts/routing_confidence` over every layer", "experts", when=(ROUTER_STATS,))
+HISTORY_SKIPPED = _row("sampling/history_skipped", FLOAT, "moestab.train.history.SolvedPrompts.replace_solved",
+                       "drawn prompts skipped because their last group was all correct", when=(HISTORY,),
+                       computed=False)
+HISTORY_KEPT_SOLVED = _row("sampling/history_kept_solved", FLOAT, "moestab.train.history.SolvedPrompts.replace_solved",
+                           "solved prompts kept because replacement draws ran dry", when=(HISTORY,), computed=False)
+EVAL_ACCURACY = _row("eval/accuracy", FLOAT, "moestab.train.evaluate.greedy_accuracy", "greedy accuracy on the "
+                     "fixed eval set", when=(EVAL,), computed=False)
+
+# ---- what the metric functions return, by the names of moestab.metrics -> the key (pattern) ----------------------
+ROUTE_CHANGE_KEYS = {"changed": ROUTING_CHANGED, "router_flip": ROUTING_ROUTER_FLIP, "token_flip": ROUTING_TOKEN_FLIP,
+                     "changed_by_layer": ROUTING_CHANGED_BY_LAYER}
+"""Statistics of :func:`moestab.metrics.routes.route_change` -> their key patterns (field ``pair``)."""
+MISMATCH_KEYS = {"k1": MISMATCH_K1, "k3": MISMATCH_K3, "f2": MISMATCH_F2}
+"""Statistics of :func:`moestab.metrics.mismatch.mismatch_stats` -> their key patterns (field ``pair``)."""
+CLIP_KEYS = {"token_frac": CLIP_TOKEN_FRAC, "seq_frac": CLIP_SEQ_FRAC, "token_frac_later": CLIP_TOKEN_FRAC_LATER,
+             "seq_frac_later": CLIP_SEQ_FRAC_LATER}
+"""Statistics of :func:`moestab.metrics.ratios.clip_fractions` -> their keys."""
+
+
+def _ratio_keys(level: str, minimum: str, maximum: str, quantile: str, log_var: str) -> dict[str, str]:
+    quantiles = {f"{level}_q{q}": quantile.format(q=q) for q in QUANTILES}
+    return {f"{level}_min": minimum, f"{level}_max": maximum, **quantiles, f"{level}_log_var": log_var}
+
+
+RATIO_KEYS = {**_ratio_keys("token", RATIO_TOKEN_MIN, RATIO_TOKEN_MAX, RATIO_TOKEN_Q, RATIO_TOKEN_LOG_VAR),
+              **_ratio_keys("seq", RATIO_SEQ_MIN, RATIO_SEQ_MAX, RATIO_SEQ_Q, RATIO_SEQ_LOG_VAR)}
+"""Statistics of :func:`moestab.metrics.ratios.ratio_stats` -> their keys."""
+
+
+def _expand(rows: Iterable[MetricKey]) -> dict[str, MetricKey]:
+    """Every key of ``rows`` -> its row, in metrics.jsonl's order (consecutive rows over the same values expand
+    together, value by value)."""
+    rows = list(rows)
+    out: dict[str, MetricKey] = {}
+    i = 0
+    while i < len(rows):
+        j = i + 1
+        while rows[i].over and j < len(rows) and rows[j].over == rows[i].over:
+            j += 1
+        block = rows[i:j]
+        values = block[0].over or (None,)
+        for value in values:
+            for row in block:
+                out[row.key(value)] = row
+        i = j
+    return out
+
+
+KEYS: dict[str, MetricKey] = _expand(TABLE)
+"""Every metrics.jsonl key -> its row, in metrics.jsonl's order."""
+
+
+class UndeclaredKeyError(KeyError):
+    """A metrics line holds a key :data:`TABLE` does not declare."""
+
+
+def in_table_order(values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` in metrics.jsonl's order; :class:`UndeclaredKeyError` names any key the table does not declare."""
+    unknown = [key for key in values if key not in KEYS]
+    if unknown:
+        raise UndeclaredKeyError(f"metrics key(s) {unknown} are not declared in moestab/metrics/keys.py; add a row "
+                                 "there (and run scripts/metric_docs.py)")
+    return {key: values[key] for key in KEYS if key in values}
+
+
+def written_keys(conditions: Iterable[str]) -> list[str]:
+    """The keys a step writes when ``conditions`` (:data:`CONDITIONS`) hold, in metrics.jsonl's order."""
+    conditions = set(conditions)
+    unknown = sorted(conditions - set(CONDITIONS))
+    if unknown:
+        raise ValueError(f"unknown condition(s) {unknown}; valid: {sorted(CONDITIONS)}")
+    return [key for key, row in KEYS.items() if set(row.when) <= conditions]
+
+
+def markdown() -> str:
+    """docs/metrics.md's key reference: the conditions, then one table per section of :data:`SECTIONS`."""
+    lines = ["Every key a step writes, from the key table `moestab/metrics/keys.py` (this part of the file is "
+             "generated from it by `python scripts/metric_docs.py`). NaN is written as `null`. The *when* column "
+             "names the conditions under which a step writes the key (*always*: every step of every trainer); "
+             "*computed by* is the recording layer's function, or the trainer's that measures the value:", "",
+             "| condition | holds when |", "|---|---|"]
+    lines += [f"| {name} | {text} |" for name, text in CONDITIONS.items()]
+    for section, (title, text) in SECTIONS.items():
+        lines += ["", f"### {title}", ""]
+        if text:
+            lines += [text, ""]
+        lines += ["| key | type | when | computed by | meaning |", "|---|---|---|---|---|"]
+        for row in TABLE:
+            if row.section != section:
+                continue
+            cells = (", ".join(f"`{key}`" for key in row.keys), row.kind, ", ".join(row.when) or "always",
+                     f"`{row.function}`" if row.computed else f"trainer: `{row.function}`", row.definition)
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN_MARKER = "<!-- BEGIN GENERATED: metric keys (moestab/metrics/keys.py; python scripts/metric_docs.py) -->"
+END_MARKER = "<!-- END GENERATED: metric keys -->"
+
+
+def with_reference(doc: str) -> str:
+    """``doc`` (docs/metrics.md's text) with its part between :data:`BEGIN_MARKER` and :data:`END_MARKER` replaced by
+    :func:`markdown`; ``ValueError`` when the markers are not there once each, in order."""
+    start, end = doc.find(BEGIN_MARKER), doc.find(END_MARKER)
+    if doc.count(BEGIN_MARKER) != 1 or doc.count(END_MARKER) != 1 or end < start:
+        raise ValueError(f"the key reference must sit between one {BEGIN_MARKER!r} and one {END_MARKER!r}")
+    return f"{doc[: start + len(BEGIN_MARKER)]}\n{markdown()}{doc[end:]}"

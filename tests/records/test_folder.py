@@ -1,0 +1,157 @@
+"""moestab.records.RunFolder: one policy for a new run, --overwrite and --resume; checkpoints whole or absent.
+
+Run folders are made by hand here (run.json through ``RunWriter``), so each rule is checked without training; the
+same rules through ``moestab train`` are tests/train/test_run_control.py and test_run_lock.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+
+import pytest
+
+from moestab.records import Remedies, RunFolder, RunFolderError, schema
+from moestab.records.errors import NotARunError
+from moestab.records.lock import lock_path, run_lock
+from moestab.records.run_info import ModelInfo
+from moestab.records.writer import RunWriter
+
+MODEL = ModelInfo(family="qwen3_moe", moe_layers=(0, 1), num_experts=8, top_k=2, recorded_layers=(0, 1))
+TRL = Remedies(folder="run_dir", overwrite="RecordSettings(..., overwrite=True)", resume=None)
+
+
+def a_run(path, *, status: str = schema.STATUS_FINISHED, last_step: int = 1, checkpoints=()) -> RunFolder:
+    """A run folder with run.json ``status`` and a complete checkpoint of each step in ``checkpoints``."""
+    writer = RunWriter(path)
+    config = {"algo": "gspo", "routing_replay": "off", "model": "embedded", "steps": 3}
+    writer.start(config=config, model=MODEL, environment={}, config_yaml="steps: 3\n")
+    writer.update(status=status, last_step=last_step)
+    folder = RunFolder(path)
+    for step in checkpoints:
+        folder.save_checkpoint(step, b"state", lambda tmp: (tmp.mkdir(), (tmp / "config.json").write_text("{}")),
+                               weights_bytes=0)
+    return folder
+
+
+def test_the_layout_is_the_schemas(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    assert folder.run_json == tmp_path / "run" / schema.RUN_JSON
+    assert folder.tokens_file(3) == tmp_path / "run" / "tokens" / "step_000003.parquet"
+    assert folder.checkpoint_dir(12) == tmp_path / "run" / "checkpoints" / "step_000012"
+    assert folder.state_file(12) == tmp_path / "run" / "state" / "step_000012.pt"
+    assert not folder.holds_run and folder.complete_checkpoints() == []
+
+
+def test_a_new_run_may_go_to_an_absent_or_empty_folder_only(tmp_path):
+    assert RunFolder(tmp_path / "absent").check_new(overwrite=False) is False
+    with run_lock(tmp_path / "locked", note=pytest.fail):  # the lock file of the writer checking it is no content
+        assert RunFolder(tmp_path / "locked").check_new(overwrite=False) is False
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunFolderError, match=re.escape(f"--out {tmp_path / 'file'} is a file, not a folder; "
+                                                   "choose another --out")):
+        RunFolder(tmp_path / "file").check_new(overwrite=False)
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "thesis.tex").write_text("do not delete")
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError, match="is a non-empty folder that is not a moestab run") as refused:
+            RunFolder(tmp_path / "thesis").check_new(overwrite=overwrite)
+        assert ("--overwrite deletes only run folders" in str(refused.value)) == overwrite
+    assert (tmp_path / "thesis" / "thesis.tex").read_text() == "do not delete"
+
+
+def test_a_run_is_kept_unless_overwritten_and_the_message_says_how_to_go_on(tmp_path):
+    resumable = a_run(tmp_path / "resumable", checkpoints=(0, 1))
+    with pytest.raises(RunFolderError, match=re.escape(
+            f"{resumable.path} already holds a run (finished, last step 1); continue it with `moestab train --resume "
+            f"{resumable.path}` or start over with --overwrite")):
+        resumable.check_new(overwrite=False)
+    early = a_run(tmp_path / "early", status=schema.STATUS_FAILED, last_step=0)
+    with pytest.raises(RunFolderError, match="that stopped before its first checkpoint, so there is nothing to "
+                                             "resume; start over with --overwrite"):
+        early.check_new(overwrite=False)
+    # A writer that cannot resume (TRL) gets the same policy in its own words.
+    with pytest.raises(RunFolderError, match=re.escape(
+            "(finished, last step 1); choose another run_dir or start over with RecordSettings(..., overwrite=True)")):
+        resumable.check_new(overwrite=False, remedies=TRL)
+    assert resumable.check_new(overwrite=True, remedies=TRL) is True
+    assert early.check_new(overwrite=True) is True
+
+
+def test_a_run_still_being_written_is_never_overwritten(tmp_path):
+    running = a_run(tmp_path / "run", status=schema.STATUS_RUNNING)  # this live process is its writer
+    with pytest.raises(RunFolderError, match=f"that is still being written by process {os.getpid()}"):
+        running.check_new(overwrite=True)
+    with pytest.raises(RunFolderError, match=re.escape(f"--resume {running.path}: the run is still being written")):
+        running.resume_point()
+
+
+def test_clear_keeps_the_folder_and_the_lock_and_deletes_only_a_run(tmp_path):
+    folder = a_run(tmp_path / "run", checkpoints=(0,))
+    with run_lock(folder.path, note=pytest.fail):
+        folder.clear()
+        assert [p.name for p in folder.path.iterdir()] == [schema.LOCK_FILE]
+        with pytest.raises(NotARunError):
+            folder.clear()  # checked again: no longer a run folder
+    assert not lock_path(folder.path).exists()
+
+
+def test_resume_point_is_the_last_complete_checkpoint(tmp_path):
+    folder = a_run(tmp_path / "run", checkpoints=(0, 1, 2))
+    folder.state_file(2).unlink()  # a kill between the two halves of step 2's checkpoint
+    assert folder.complete_checkpoints() == [0, 1]
+    info, step = folder.resume_point()
+    assert step == 1 and info.last_step == 1
+    with pytest.raises(RunFolderError, match=r"it has no complete checkpoint \(it stopped before step 0 was saved\)"):
+        a_run(tmp_path / "early").resume_point()
+    with pytest.raises(RunFolderError, match=re.escape(f"--resume {tmp_path / 'none'}: {tmp_path / 'none'} is not a "
+                                                       "moestab run folder")):
+        RunFolder(tmp_path / "none").resume_point()
+
+
+def test_a_checkpoint_is_whole_or_absent_and_a_failed_one_leaves_only_temporaries(tmp_path):
+    folder = a_run(tmp_path / "run", checkpoints=(0,))
+
+    def half_written(tmp):
+        tmp.mkdir()
+        (tmp / "config.json").write_text("{}")
+        raise RuntimeError("writer crashed")
+
+    with pytest.raises(RuntimeError, match="writer crashed"):
+        folder.save_checkpoint(1, b"state", half_written, weights_bytes=0)
+    assert folder.complete_checkpoints() == [0] and not folder.checkpoint_dir(1).exists()
+    assert [p.name for p in folder.leftover_temporaries()] == [".step_000001.tmp"]
+    assert folder.remove_temporaries() and folder.leftover_temporaries() == []
+    # Written again over an existing checkpoint: replaced whole, nothing left beside it.
+    folder.save_checkpoint(0, b"new", lambda tmp: (tmp.mkdir(), (tmp / "config.json").write_text('{"v": 2}')),
+                           weights_bytes=0)
+    assert json.loads((folder.checkpoint_dir(0) / "config.json").read_text()) == {"v": 2}
+    assert folder.state_file(0).read_bytes() == b"new" and folder.leftover_temporaries() == []
+
+
+def test_a_weight_writer_failing_on_a_full_disk_is_reported_as_enospc_naming_the_folder(tmp_path):
+    folder = a_run(tmp_path / "run")
+
+    def full(tmp):
+        raise RuntimeError("safetensors: unexpected end of file")  # a writer's own type for a short write
+
+    with pytest.raises(OSError) as raised:
+        folder.save_checkpoint(3, b"state", full, weights_bytes=2**62)  # more than any disk has free
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(folder.checkpoint_dir(3))
+    message = folder.disk_failure(raised.value, checkpoint_bytes=3 * 2**20)
+    assert message.startswith(f"cannot write {folder.checkpoint_dir(3)}: the disk is full")
+    assert "a checkpoint of this model needs about 3.0 MiB" in message and "MiB free on" in message
+    with pytest.raises(RuntimeError, match="unexpected end"):  # with room to spare it is the writer's own error
+        folder.save_checkpoint(3, b"state", full, weights_bytes=0)
+    assert folder.disk_failure(OSError(errno.EIO, "I/O error"), checkpoint_bytes=0) is None
+
+
+def test_check_writable_names_the_folder_and_the_remedy(tmp_path):
+    RunFolder(tmp_path / "new" / "run").check_writable(remedy="choose a writable --out")  # the nearest parent
+    assert not (tmp_path / "new").exists()  # creates nothing
+    (tmp_path / "file").write_text("x")  # a folder that cannot be made (root writes even into read-only ones)
+    with pytest.raises(RunFolderError, match=re.escape(f"cannot write to the run folder {tmp_path / 'file' / 'run'}: "
+                                                       f"Not a directory ({tmp_path / 'file'}); choose a writable")):
+        RunFolder(tmp_path / "file" / "run").check_writable(remedy="choose a writable --out")
