@@ -28,6 +28,7 @@ def build_embedded_policy(spec: EmbeddedModelSpec | None = None) -> tuple[PreTra
         num_moe_layers=spec.num_layers,
         num_experts=spec.num_experts,
         top_k=spec.top_k,
+        expert_width=spec.expert_width,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)

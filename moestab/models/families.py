@@ -224,6 +224,14 @@ for _family in (
     TINY_CONFIGS[_family] = _generic(_family)
 
 
+EXPERT_WIDTH_FIELDS: dict[str, str] = {
+    "qwen3_moe": "moe_intermediate_size", "qwen2_moe": "moe_intermediate_size", "olmoe": "intermediate_size",
+    "mixtral": "intermediate_size", "gpt_oss": "intermediate_size", "deepseek_v3": "moe_intermediate_size",
+}
+"""The config field holding a routed expert's FFN width, per family whose width ``tiny_config(expert_width=)`` sets
+(the core families; every layer of the first four's MoE stack is an MoE layer, so the field sizes experts only)."""
+
+
 def tiny_config(
     family: str = "qwen3_moe",
     *,
@@ -232,8 +240,11 @@ def tiny_config(
     num_moe_layers: int = 2,
     num_experts: int = 8,
     top_k: int = 2,
+    expert_width: int | None = None,
 ) -> PretrainedConfig:
-    """A tiny config of ``family`` with ``num_moe_layers`` MoE layers (DeepSeek-V3 adds a dense first layer)."""
+    """A tiny config of ``family`` with ``num_moe_layers`` MoE layers (DeepSeek-V3 adds a dense first layer);
+    ``expert_width``: each routed expert's FFN width (None: the family's tiny default; families in
+    :data:`EXPERT_WIDTH_FIELDS` only)."""
     if family not in TINY_CONFIGS:
         raise ValueError(f"unknown MoE family {family!r}; valid: {', '.join(sorted(TINY_CONFIGS))}")
     if hidden_size % 4:
@@ -242,4 +253,9 @@ def tiny_config(
         raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
     # Special-token ids of moestab's character tokenizer (<pad>=0, <bos>=1, <eos>=2).
     ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-    return TINY_CONFIGS[family](vocab_size, hidden_size, num_moe_layers, num_experts, top_k, **ids)
+    config = TINY_CONFIGS[family](vocab_size, hidden_size, num_moe_layers, num_experts, top_k, **ids)
+    if expert_width is not None:
+        if family not in EXPERT_WIDTH_FIELDS:
+            raise ValueError(f"expert_width is not supported for {family}; valid: {', '.join(EXPERT_WIDTH_FIELDS)}")
+        setattr(config, EXPERT_WIDTH_FIELDS[family], expert_width)
+    return config

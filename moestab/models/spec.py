@@ -19,15 +19,33 @@ class EmbeddedModelSpec:
     """Experts chosen per token."""
     hidden_size: int = 128
     """Residual width (a multiple of 4: four attention heads)."""
+    expert_width: int | None = None
+    """Hidden width of each routed expert's FFN; None: the family's tiny default (``hidden_size`` for qwen3_moe).
+    Set only for the families in ``moestab.models.families.EXPERT_WIDTH_FIELDS``."""
     seed: int = 0
     """Seed of the random initialisation."""
 
 
 EMBEDDED = "embedded"
-MODEL_SPEC_GRAMMAR = ("'embedded' or 'embedded:KEY=VALUE[,...]' with keys layers, experts, top_k, hidden, family, "
-                      "e.g. 'embedded:layers=8,experts=32,top_k=4,hidden=256'")
+MODEL_SPEC_GRAMMAR = ("'embedded', 'embedded:dense', 'embedded:fine' or 'embedded:KEY=VALUE[,...]' with keys layers, "
+                      "experts, top_k, hidden, family, ffn, e.g. 'embedded:layers=8,experts=32,top_k=4,hidden=256'")
 _SPEC_KEYS = {"layers": "num_layers", "experts": "num_experts", "top_k": "top_k", "hidden": "hidden_size",
-              "family": "family"}
+              "family": "family", "ffn": "expert_width"}
+
+# The named variants: each keeps the default's depth, residual width and active expert width per token
+# (top_k * ffn = 2 * 128 = 256 in every MoE layer), and changes only how that width is split into experts.
+EMBEDDED_VARIANTS: dict[str, str] = {
+    "dense": "experts=1,top_k=1,ffn=256",
+    # The dense control, spelled as a one-expert MoE: each layer's MLP is one FFN of width 256 behind a router whose
+    # only choice is expert 0 with gate weight 1 (softmax over one logit), so the model computes a dense FFN, has no
+    # routing to change (routing volatility 0 by construction) and keeps every moestab path (warm start, records,
+    # replay modes, token tables) unchanged. The one-logit router's gradient is exactly 0: it never trains. Its
+    # router has 128 weights per layer where the default's has 1,024 (the only parameters per token that differ).
+    "fine": "experts=64,top_k=8,ffn=32",
+    # Fine-grained experts, Qwen3-30B-A3B's style (128 experts, top-8, narrow experts): 64 experts of width 32, 8 per
+    # token. Its routers have 64 logits, not 8: 7,168 more router parameters per layer than the default's.
+}
+"""``embedded:NAME`` shorthands for whole specs (docs/tasks.md, "Model variants: `--model embedded:...`")."""
 
 
 def is_embedded(model: str) -> bool:
@@ -36,37 +54,60 @@ def is_embedded(model: str) -> bool:
 
 
 def parse_model_spec(model: str, seed: int = 0) -> EmbeddedModelSpec:
-    """``embedded:layers=8,experts=32,top_k=4,hidden=256`` -> :class:`EmbeddedModelSpec` (unset keys: defaults).
+    """``embedded:layers=8,experts=32,top_k=4,hidden=256`` -> :class:`EmbeddedModelSpec` (unset keys: defaults);
+    ``embedded:dense`` and ``embedded:fine`` stand for the specs in :data:`EMBEDDED_VARIANTS`.
 
     Raises ``ValueError`` naming what is wrong and what is valid.
     """
     from moestab.tasks.errors import TaskSpecError
     from moestab.tasks.spec import parse_spec
 
+    head, _, variant = model.partition(":")
+    named = head.strip() == EMBEDDED and variant.strip() in EMBEDDED_VARIANTS
+    expanded = f"{EMBEDDED}:{EMBEDDED_VARIANTS[variant.strip()]}" if named else model
     try:
-        name, params = parse_spec(model, "model", MODEL_SPEC_GRAMMAR)
+        name, params = parse_spec(expanded, "model", MODEL_SPEC_GRAMMAR)
     except TaskSpecError as exc:
         raise ValueError(str(exc)) from exc
     if name != EMBEDDED:
         raise ValueError(f"model spec {model!r}: only the embedded policy takes a spec; expected {MODEL_SPEC_GRAMMAR}")
     values: dict[str, object] = {"seed": seed}
     for key, raw in params.items():
-        if key not in _SPEC_KEYS:
-            raise ValueError(f"model spec {model!r}: unknown key {key!r}; valid: {', '.join(_SPEC_KEYS)}")
-        if key == "family":
-            from moestab.models.families import TINY_CONFIGS  # transformers: only when a family is named
-
-            if raw not in TINY_CONFIGS:
-                valid = ", ".join(sorted(TINY_CONFIGS))
-                raise ValueError(f"model spec {model!r}: unknown family {raw!r}; valid: {valid}")
-            values["family"] = raw
-            continue
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"model spec {model!r}: {key}={raw!r} must be an integer >= 1")
-        values[_SPEC_KEYS[key]] = int(raw)
+        values[_field(model, key)] = _value(model, key, raw)
     spec = EmbeddedModelSpec(**values)  # type: ignore[arg-type]
+    _check_shape(model, spec)
+    return spec
+
+
+def _field(model: str, key: str) -> str:
+    """The :class:`EmbeddedModelSpec` field a spec key sets."""
+    if key not in _SPEC_KEYS:
+        raise ValueError(f"model spec {model!r}: unknown key {key!r}; valid: {', '.join(_SPEC_KEYS)}")
+    return _SPEC_KEYS[key]
+
+
+def _value(model: str, key: str, raw: str) -> str | int:
+    """A spec value: a known family name, else an integer >= 1."""
+    if key == "family":
+        from moestab.models.families import TINY_CONFIGS  # transformers: only when a family is named
+
+        if raw not in TINY_CONFIGS:
+            raise ValueError(f"model spec {model!r}: unknown family {raw!r}; valid: {', '.join(sorted(TINY_CONFIGS))}")
+        return raw
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"model spec {model!r}: {key}={raw!r} must be an integer >= 1")
+    return int(raw)
+
+
+def _check_shape(model: str, spec: EmbeddedModelSpec) -> None:
+    """top_k within the experts, four heads, and an expert width only where the family's config has one."""
     if spec.top_k > spec.num_experts:
         raise ValueError(f"model spec {model!r}: top_k={spec.top_k} exceeds experts={spec.num_experts}")
     if spec.hidden_size % 4:
         raise ValueError(f"model spec {model!r}: hidden={spec.hidden_size} must be a multiple of 4 (four heads)")
-    return spec
+    if spec.expert_width is not None:
+        from moestab.models.families import EXPERT_WIDTH_FIELDS  # transformers: only when ffn is given
+
+        if spec.family not in EXPERT_WIDTH_FIELDS:
+            raise ValueError(f"model spec {model!r}: ffn is not supported for {spec.family}; valid families: "
+                             f"{', '.join(EXPERT_WIDTH_FIELDS)}")

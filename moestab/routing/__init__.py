@@ -6,6 +6,7 @@ Public API:
 - ``RoutingReplay(model, routes, force_gates=False)``: context manager forcing ``routes`` in every router
   (with ``force_gates``, their recorded gate weights too: "Total Router Recall").
 - ``Routes``: ``indices [batch, seq, layers, top_k]`` int16 (-1 at padding) plus optional stats and gates.
+- ``router_parameters(model)``, ``freeze_routers(model)``: the routers' own parameters (``--freeze-router``).
 - ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support (docs/families.md); each router is
   checked against its adapter on the model itself (``moestab.routing.verify``).
 - Errors: ``RoutingError``, ``NotAnMoEModelError`` (and its ``UnsupportedRoutingError``, ``RouterClassMissingError``),
@@ -24,6 +25,7 @@ from moestab.routing.errors import (
     RoutingError,
     UnsupportedRoutingError,
 )
+from moestab.routing.freeze import freeze_routers, router_parameters
 from moestab.routing.recorder import RoutingRecorder
 from moestab.routing.replay import RoutingReplay
 from moestab.routing.routes import Routes, gather_router_logprobs
@@ -45,5 +47,7 @@ __all__ = [
     "RoutingReplay",
     "UnsupportedRoutingError",
     "find_routers",
+    "freeze_routers",
     "gather_router_logprobs",
+    "router_parameters",
 ]

@@ -49,10 +49,12 @@ class TrainConfig:
     Router Recall": as R3, with the rollout engine's gate weights as given too, so the router is frozen in the
     updates and learns nothing)."""
     model: str = "embedded"
-    """'embedded' (the built-in tiny Qwen3-MoE: 4 layers, 8 experts, top-2, hidden 128, warm-started by a short
-    supervised phase), a variant such as 'embedded:layers=8,experts=32,top_k=4,hidden=256' (keys layers, experts,
-    top_k, hidden, family; each variant warm-starts and caches on its own), or a local Hugging Face checkpoint
-    folder / hub id."""
+    """'embedded' (the built-in tiny Qwen3-MoE: 4 layers, 8 experts of FFN width 128, top-2, hidden 128, warm-started
+    by a short supervised phase), a variant such as 'embedded:layers=8,experts=32,top_k=4,hidden=256' (keys layers,
+    experts, top_k, hidden, family, ffn = each expert's FFN width; each variant warm-starts and caches on its own),
+    'embedded:dense' (the dense control: one expert of width 256, top-1: the same active parameters and depth, no
+    routing to change), 'embedded:fine' (fine-grained: 64 experts of width 32, top-8, the same active expert width),
+    or a local Hugging Face checkpoint folder / hub id."""
     task: str = "arithmetic"
     """Task spec, e.g. 'arithmetic', 'reverse:length=6', 'jsonl:path=data.jsonl,match=numeric' (docs/tasks.md)."""
     steps: int = 60
@@ -97,6 +99,11 @@ class TrainConfig:
     router_aux_loss_coef: float = 0.0
     """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
     0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""
+    freeze_router: bool = False
+    """Train every weight but the routers': each router's parameters (gate weights and biases, a correction bias the MoE
+    block keeps as a parameter; moestab.routing.router_parameters) get requires_grad False and are left out of
+    AdamW, so they take no step, no AdamW state and no weight decay. Routes still change as the layers below move.
+    The warm start (embedded model) trains the routers as usual; the freeze starts with RL."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
     gamma_min: float | None = None
@@ -226,6 +233,9 @@ class TrainConfig:
         if self.routing_replay in GATE_REPLAY_MODES and self.router_aux_loss_coef > 0:
             raise ConfigError(f"router_aux_loss_coef: routing_replay {self.routing_replay} freezes the router in the "
                               "updates, so a load-balancing loss would have no gradient; leave it at 0")
+        if self.freeze_router and self.router_aux_loss_coef > 0:
+            raise ConfigError("router_aux_loss_coef: freeze_router leaves the routers untrained, so a load-balancing "
+                              "loss would only move the layers below them; leave it at 0")
 
     def _check_clip_range(self) -> None:
         """clip_low and clip_high are finite and > 0; clip_low at most 1 unless the objective clips log w."""

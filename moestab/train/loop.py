@@ -24,6 +24,7 @@ from moestab.models import is_embedded
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
 from moestab.records import RunFolder, schema
 from moestab.records.run_info import ModelInfo
+from moestab.routing import freeze_routers
 from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import read_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
@@ -202,12 +203,15 @@ def _set_up(
     slots = record_slots(model, config.record_layers)
     info = model_info(model, slots)
     check_policy_settings(config, model)
+    if config.freeze_router:  # before sharding: the sharded parameters keep requires_grad
+        freeze_routers(model)
     checkpoint_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights + AdamW state
     if world.distributed:  # every router was checked above, on the whole model
         shard_policy(model, device)
         if ref_model is not None:
             shard_policy(ref_model, device)
-    optimizer = build_optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]  # all of them unless freeze_router
+    optimizer = build_optimizer(trained, lr=config.lr, weight_decay=config.weight_decay)
     loop_state: dict = {}
     if start_step:
         optimizer_saved, loop_state = read_training_state(folder, start_step)

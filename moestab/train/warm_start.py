@@ -46,7 +46,10 @@ class WarmStartSpec:
     eval_every: int = 50
 
     def key(self) -> str:
-        blob = json.dumps({"v": WARM_START_VERSION, "threads": WARM_START_THREADS, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        if fields["model"]["expert_width"] is None:  # the family's default width: keys made before the field, unchanged
+            del fields["model"]["expert_width"]
+        blob = json.dumps({"v": WARM_START_VERSION, "threads": WARM_START_THREADS, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
