@@ -97,6 +97,12 @@ class TrainConfig:
     router_aux_loss_coef: float = 0.0
     """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
     0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""
+    routing_share: bool = False
+    """Measure routing's share of the ratio every update (routing_share/* keys, docs/metrics.md): each minibatch is
+    scored once more, without grad, on its update's weights with the other routing (free routes, or pi_old's routes
+    replayed), at the cost of one forward per minibatch; the weights and every other metric are unchanged. Off by
+    default so the default run stays bit-identical; an experiment that measures routing's share (issue 26) sets it
+    in its config (`routing_share: true`)."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
     gamma_min: float | None = None
