@@ -23,6 +23,11 @@ CURVES = [
     (keys.CLIP_SEQ_FRAC_LATER, "Sequences with a clipped token, minibatches 2..n", "fraction of sequences"),
     (keys.RATIO_TOKEN_LOG_VAR, "Var(log w) over the step's tokens", "nats²"),
     (keys.RATIO_SEQ_LOG_VAR, "Var(log s) over the step's sequences", "nats²"),
+    (keys.ROUTING_SHARE_VAR, "Routing's share of Var(log w): 1 − Var(replayed) / Var(free) (--routing-share)",
+     "share of variance"),
+    (keys.ROUTING_SHARE_LOG_VAR_FREE, "Var(log w), free routing at the update (--routing-share)", "nats²"),
+    (keys.ROUTING_SHARE_LOG_VAR_REPLAYED, "Var(log w), pi_old's routes replayed at the update (--routing-share)",
+     "nats²"),
     (keys.ENTROPY, "Policy entropy on response tokens", "nats per token"),
     (keys.TIME_STEP, "Wall time per step", "seconds"),
 ]

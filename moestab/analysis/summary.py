@@ -43,6 +43,7 @@ SUMMARY_KEYS: dict[str, str] = {
         for stat in stats
     },
     **{f"clip_{stat}": keys.CLIP_KEYS[stat] for stat in _CLIP_STATS},
+    "routing_var_share": keys.ROUTING_SHARE_VAR,
 }
 """Summary column -> the metrics.jsonl key (:mod:`moestab.metrics.keys`) averaged over steps (docs/metrics.md)."""
 

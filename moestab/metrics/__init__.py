@@ -11,6 +11,8 @@ the per-token tables are one computation (docs/metrics.md lists every key and it
 - ``ratios``    step ratio statistics (``w``, ``s``; the owner of ``log s``) and clip fractions (all minibatches
                 and 2..n)
 - ``clipping``  the one definition of a clip fraction, shared with the loss's diagnostics (numpy or torch)
+- ``routing_share`` routing's share of the token log-ratio: free vs replayed routes on the update's weights
+                (variance share, clip fractions, mean |log w|)
 - ``experts``   expert load, load entropy, co-activation
 - ``keys``      every metrics.jsonl key, declared once: type and shape, computing function, definition (the table
                 docs/metrics.md's key reference is generated from)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from moestab.metrics.ratios import RATIO_QUANTILES
+from moestab.metrics.routing_share import ROUTING_SHARE_STATS
 from moestab.records import schema
 
 # ---- types and shapes ---------------------------------------------------------------------------------------
@@ -48,6 +49,7 @@ HISTORY = "history"
 RSPO = "rspo"
 ROUTER_AUX = "router aux"
 EVAL = "eval"
+ROUTING_SHARE = "routing share"
 CONDITIONS: dict[str, str] = {
     PHASE_TIMES: "the trainer times its rollout and its updates apart (`moestab train`)",
     REWARDS: "the trainer knows each sequence's reward and correctness (`moestab train`; TRL's micro-batches hold "
@@ -61,6 +63,8 @@ CONDITIONS: dict[str, str] = {
     RSPO: "the `rspo` objective",
     ROUTER_AUX: "`--router-aux-loss-coef > 0`",
     EVAL: "an eval step (`--eval-every`, and the last step)",
+    ROUTING_SHARE: "`--routing-share` (`moestab train`: one more no-grad forward per minibatch; off by default; "
+                   "TRL does not measure it)",
 }
 """Every condition a row may name, with what turns it on."""
 MOESTAB_TRAIN = frozenset({PHASE_TIMES, REWARDS, UPDATES, TOKEN_ENTROPY, ROUTER_STATS})
@@ -88,6 +92,20 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "With `d = log pi_trainer - log mu_rollout` on the response tokens (REFERENCES \"Train-inference mismatch\"), "
         "for the log-prob pairs `rollout_old` (trainer = pi_old as used in the ratio) and `rollout_old_free` "
         "(trainer = free pi_old).",
+    ),
+    "routing_share": (
+        "Routing's share of the ratio (`moestab.metrics.routing_share`)",
+        "With `--routing-share`, each minibatch is scored twice on the weights of its update (before its optimizer "
+        "step): with free routing and with the routes that produced `logp_old` replayed, giving per token "
+        "`log w_free = logp_update(free) - logp_old` and `log w_replayed = logp_update(replayed) - logp_old`. Under "
+        "`off` the update forward is the free one and the extra forward replays pi_old's trainer routes (R2's); under "
+        "R2 the update forward is the replayed one and the extra forward routes freely; under R3 / TRR `logp_old` "
+        "was computed with the rollout engine's routes (TRR: and gates), the update forward replays them and the "
+        "extra forward routes freely, so the free side also carries the rollout -> trainer routing difference that "
+        "R3 removes. Variances are population ones over the response tokens, as `ratio/token_log_var`; the clip "
+        "fractions are the objective's own clip rule (`clip/token_frac`'s definition) evaluated on each log-ratio, "
+        "every other loss input as in the update. On the replayed side under R2 / R3 / TRR (the free side under "
+        "`off`) the numbers are `ratio/token_log_var` and `clip/token_frac` themselves.",
     ),
     "experts": ("Experts (`moestab.metrics.experts`)", ""),
 }
@@ -263,6 +281,31 @@ CLIP_TOKEN_FRAC_LATER = _row("clip/token_frac_later", FLOAT, f"{_METRICS}.clip_m
                              "never clips); null with one minibatch", "ratios")
 CLIP_SEQ_FRAC_LATER = _row("clip/seq_frac_later", FLOAT, f"{_METRICS}.clip_metrics", "`clip/seq_frac` over "
                            "minibatches 2..n only; null with one minibatch", "ratios")
+ROUTING_SHARE_VAR = _row("routing_share/var_share", FLOAT, f"{_METRICS}.routing_share_metrics", "`1 - "
+                         "Var(log w_replayed) / Var(log w_free)` over the step's tokens: the share of the log-ratio's "
+                         "variance that routing change causes (0 when both variances are 0; negative when replay "
+                         "raised it; null when only Var(log w_free) is 0)", "routing_share", when=(ROUTING_SHARE,))
+ROUTING_SHARE_LOG_VAR_FREE = _row("routing_share/log_var_free", FLOAT, f"{_METRICS}.routing_share_metrics",
+                                  "population variance of `log w_free` over the step's tokens", "routing_share",
+                                  when=(ROUTING_SHARE,))
+ROUTING_SHARE_LOG_VAR_REPLAYED = _row("routing_share/log_var_replayed", FLOAT, f"{_METRICS}.routing_share_metrics",
+                                      "population variance of `log w_replayed` over the step's tokens",
+                                      "routing_share", when=(ROUTING_SHARE,))
+ROUTING_SHARE_CLIP_FREE = _row("routing_share/clip_frac_free", FLOAT, f"{_METRICS}.routing_share_metrics",
+                               "share of the step's tokens whose governing ratio the objective clips with "
+                               "`log w_free`", "routing_share", when=(ROUTING_SHARE,))
+ROUTING_SHARE_CLIP_REPLAYED = _row("routing_share/clip_frac_replayed", FLOAT, f"{_METRICS}.routing_share_metrics",
+                                   "share of the step's tokens whose governing ratio the objective clips with "
+                                   "`log w_replayed`", "routing_share", when=(ROUTING_SHARE,))
+ROUTING_SHARE_ABS_FREE = _row("routing_share/abs_log_w_free", FLOAT, f"{_METRICS}.routing_share_metrics",
+                              "mean `|log w_free|` over the step's tokens", "routing_share", when=(ROUTING_SHARE,))
+ROUTING_SHARE_ABS_REPLAYED = _row("routing_share/abs_log_w_replayed", FLOAT, f"{_METRICS}.routing_share_metrics",
+                                  "mean `|log w_replayed|` over the step's tokens", "routing_share",
+                                  when=(ROUTING_SHARE,))
+ROUTING_SHARE_BY_MINIBATCH = _row("routing_share/by_minibatch/{stat}", PER_MINIBATCH,
+                                  f"{_METRICS}.routing_share_metrics", "`routing_share/{stat}` over each minibatch's "
+                                  "tokens, per minibatch index (null for an empty one)", "routing_share",
+                                  when=(ROUTING_SHARE,), over=ROUTING_SHARE_STATS)
 EXPERTS_LOAD = _row("experts/load", PER_LAYER_EXPERT, f"{_METRICS}.expert_metrics", "share of each layer's routed "
                     "slots per expert under pi_old (free), rounded to 6 decimals", "experts")
 EXPERTS_LOAD_ENTROPY = _row("experts/load_entropy", PER_LAYER, f"{_METRICS}.expert_metrics", "entropy of the load "
@@ -293,6 +336,12 @@ MISMATCH_KEYS = {"k1": MISMATCH_K1, "k3": MISMATCH_K3, "f2": MISMATCH_F2}
 CLIP_KEYS = {"token_frac": CLIP_TOKEN_FRAC, "seq_frac": CLIP_SEQ_FRAC, "token_frac_later": CLIP_TOKEN_FRAC_LATER,
              "seq_frac_later": CLIP_SEQ_FRAC_LATER}
 """Statistics of :func:`moestab.metrics.ratios.clip_fractions` -> their keys."""
+ROUTING_SHARE_KEYS = {"var_share": ROUTING_SHARE_VAR, "log_var_free": ROUTING_SHARE_LOG_VAR_FREE,
+                      "log_var_replayed": ROUTING_SHARE_LOG_VAR_REPLAYED, "clip_frac_free": ROUTING_SHARE_CLIP_FREE,
+                      "clip_frac_replayed": ROUTING_SHARE_CLIP_REPLAYED, "abs_log_w_free": ROUTING_SHARE_ABS_FREE,
+                      "abs_log_w_replayed": ROUTING_SHARE_ABS_REPLAYED}
+"""Statistics of :func:`moestab.metrics.routing_share.routing_share` -> their step keys (per minibatch:
+:data:`ROUTING_SHARE_BY_MINIBATCH` with field ``stat``)."""
 
 
 def _ratio_keys(level: str, minimum: str, maximum: str, quantile: str, log_var: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from moestab.metrics.experts import expert_counts, load_stats
 from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
 from moestab.metrics.routes import intersection_sizes, route_change
+from moestab.metrics.routing_share import routing_share, routing_share_by_minibatch
 from moestab.recording.step_tensors import StepTensors
 from moestab.records import schema
 
@@ -197,6 +198,23 @@ def clip_metrics(v: StepView) -> dict[str, float]:
     """Clipped shares of the step's tokens and sequences, over all minibatches and over minibatches 2..n."""
     clipped = _numpy(v.tensors.tokens(v.tensors.clipped))  # [tokens]
     return {keys.CLIP_KEYS[stat]: value for stat, value in clip_fractions(clipped, v.sequence, v.minibatch).items()}
+
+
+def routing_share_metrics(v: StepView) -> dict[str, object]:
+    """Routing's share of the ratio (:mod:`moestab.metrics.routing_share`) over the step's tokens and per minibatch,
+    when the trainer measured the counterfactual log-probs. The update forward is the free side under ``off`` and
+    the replayed side under every replay mode; the counterfactual is the other."""
+    t = v.tensors
+    if t.logp_update_counterfactual is None or t.clipped_counterfactual is None:
+        return {}
+    actual = (_numpy(t.tokens(t.log_w)), _numpy(t.tokens(t.clipped)))  # [tokens] each
+    other = (_numpy(t.tokens(t.log_w_counterfactual)), _numpy(t.tokens(t.clipped_counterfactual)))
+    (free_w, free_clip), (replayed_w, replayed_clip) = (actual, other) if v.replay == "off" else (other, actual)
+    arrays = (free_w, replayed_w, free_clip, replayed_clip)
+    out: dict[str, object] = {keys.ROUTING_SHARE_KEYS[stat]: value for stat, value in routing_share(*arrays).items()}
+    by_mb = routing_share_by_minibatch(*arrays, v.minibatch, int(t.minibatch.max()) + 1)
+    out.update({keys.ROUTING_SHARE_BY_MINIBATCH.format(stat=stat): values for stat, values in by_mb.items()})
+    return out
 
 
 def expert_metrics(v: StepView) -> dict[str, object]:

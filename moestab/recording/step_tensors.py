@@ -37,6 +37,13 @@ class StepTensors:
     routes_update: torch.Tensor  # [B, L, layers, k] routes that produced logp_update
     routes_new: Routes  # free routes after all updates
     entropy: torch.Tensor | None = None  # [B, T] pi_old's token entropy (free routing)
+    logp_update_counterfactual: torch.Tensor | None = None
+    """``[B, T]`` the update weights' log-probs (before the minibatch's optimizer step) with the *other* routing than
+    ``logp_update``'s: the routes that produced ``logp_old`` replayed when the update routed freely (replay ``off``),
+    free routing when it replayed (R2 / R3 / TRR). None when not measured (``--routing-share`` off; TRL)."""
+    clipped_counterfactual: torch.Tensor | None = None
+    """``[B, T]`` bool: the token's governing ratio would have been clipped with ``logp_update_counterfactual``
+    (the loss's clip rule, every other input as in the update); None when not measured."""
 
     def to(self, device: torch.device | str) -> StepTensors:
         """These tensors on ``device`` (e.g. the CPU, before they are sent to another process)."""
@@ -50,6 +57,12 @@ class StepTensors:
     def log_w(self) -> torch.Tensor:
         """``[B, T]`` the token log-ratio that entered the loss."""
         return self.logp_update - self.logp_old
+
+    @property
+    def log_w_counterfactual(self) -> torch.Tensor | None:
+        """``[B, T]`` the token log-ratio with the other routing (``logp_update_counterfactual - logp_old``)."""
+        cf = self.logp_update_counterfactual
+        return None if cf is None else cf - self.logp_old
 
     def response(self, per_position: torch.Tensor) -> torch.Tensor:
         """``[B, L, ...]`` per input position -> ``[tokens, ...]`` at the response tokens, in row-major order.
@@ -98,6 +111,10 @@ def cat_step_tensors(parts: list[StepTensors], pad_token_id: int) -> StepTensors
         routes_old=positions(lambda p: p.routes_old), routes_old_free=routes(lambda p: p.routes_old_free),
         routes_update=positions(lambda p: p.routes_update), routes_new=routes(lambda p: p.routes_new),
         entropy=None if parts[0].entropy is None else tokens(lambda p: p.entropy, 0.0),
+        logp_update_counterfactual=None if parts[0].logp_update_counterfactual is None
+        else tokens(lambda p: p.logp_update_counterfactual, 0.0),
+        clipped_counterfactual=None if parts[0].clipped_counterfactual is None
+        else tokens(lambda p: p.clipped_counterfactual, False),
     )
 
 

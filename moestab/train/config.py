@@ -104,6 +104,12 @@ class TrainConfig:
     block keeps as a parameter; moestab.routing.router_parameters) get requires_grad False and are left out of
     AdamW, so they take no step, no AdamW state and no weight decay. Routes still change as the layers below move.
     The warm start (embedded model) trains the routers as usual; the freeze starts with RL."""
+    routing_share: bool = False
+    """Measure routing's share of the ratio every update (routing_share/* keys, docs/metrics.md): each minibatch is
+    scored once more, without grad, on its update's weights with the other routing (free routes, or pi_old's routes
+    replayed), at the cost of one forward per minibatch; the weights and every other metric are unchanged. Off by
+    default so the default run stays bit-identical; the controlled experiment's configs set it
+    (`routing_share: true`)."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
     gamma_min: float | None = None

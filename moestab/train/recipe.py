@@ -136,7 +136,7 @@ def step_settings(config: TrainConfig, max_new_tokens: int) -> StepSettings:
         router_aux_loss_coef=config.router_aux_loss_coef,
         overlong_cache=config.overlong_cache_tokens(max_new_tokens),
         dynamic_sampling=config.dynamic_sampling if config.dynamic_sampling is not None else preset.dynamic_sampling,
-        dynamic_sampling_rounds=config.dynamic_sampling_rounds,
+        dynamic_sampling_rounds=config.dynamic_sampling_rounds, routing_share=config.routing_share,
     )
 
 

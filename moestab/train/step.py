@@ -11,6 +11,11 @@ Routing Replay modes (the ``replay`` setting):
 Whatever the mode, the trainer's *free* routes under pi_old and, after the updates, under the new
 policy are recorded, so routing volatility is measured even when replay hides it from the loss.
 
+With ``routing_share`` each minibatch is scored once more before its optimizer step, without grad, on the same
+weights with the other routing than its update forward's: pi_old's trainer routes replayed under ``off``, free
+routing under R2 / R3 / TRR (whose update forward replays the routes pi_old's ratio used). The step's metrics then
+split the log-ratio into its free and replayed versions (``routing_share/*``, :mod:`moestab.metrics.routing_share`).
+
 Every trainer forward of the step (pi_old free, pi_old replayed, the updates, pi_new) runs in the
 same row chunks, the minibatches: with no update in between, two forwards see bit-identical inputs
 of identical shape, so a difference between them is the update's doing and never the batch shape's
@@ -36,7 +41,7 @@ from moestab.recording.step_metrics import Updates, step_metrics
 from moestab.recording.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 from moestab.records import schema
 from moestab.rl.shaping import overlong_penalty
-from moestab.routing import gather_router_logprobs
+from moestab.routing import Routes, gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
@@ -67,6 +72,9 @@ class StepSettings:
     """DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts."""
     dynamic_sampling_rounds: int = 0
     """Budget of extra rollouts (each of as many prompts as the step) for dynamic sampling."""
+    routing_share: bool = False
+    """Score each minibatch once more on its update's weights with the other routing (:func:`_counterfactual_logp`)
+    for routing's share of the ratio (``routing_share/*``)."""
 
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -102,6 +110,8 @@ class _Updates:
     loss_metrics: list[dict[str, torch.Tensor]]  # this process's rows: the global minibatch in one process
     loss_inputs: list[dict | None]  # detached loss inputs per minibatch (distributed only: rank 0 re-evaluates)
     aux_losses: list[float | None]  # the global load-balancing loss per minibatch, when on
+    logp_counterfactual: torch.Tensor | None  # [B, T] the update weights' log-probs with the other routing, when on
+    clipped_counterfactual: torch.Tensor | None  # [B, T] bool: the loss's clip rule on those, when on
 
 
 def _rewards(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
@@ -278,6 +288,30 @@ def _loss_inputs(
     }
 
 
+def _counterfactual_logp(
+    model: PreTrainedModel, batch: RolloutBatch, s: StepSettings, replay: Routes | None,
+) -> torch.Tensor | None:
+    """``[b, T]`` the minibatch ``batch``'s log-probs on the current weights with the other routing than the update's
+    (``replay``: pi_old's trainer routes when the update routes freely, None (free) when it replays), or None
+    when ``s.routing_share`` is off.
+
+    No grad, no recording, and the random number generators are restored afterwards: the update forward that
+    follows draws what it would have drawn without this one (dropout, router jitter), so the run's weights and
+    every other metric stay bit-identical.
+    """
+    if not s.routing_share:
+        return None
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    with torch.no_grad(), torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_cuda else []):
+        return policy_forward(model, batch, temperature=s.temperature, replay=replay, record=False).logp
+
+
+def _counterfactual_clipped(s: StepSettings, inputs: dict, logp: torch.Tensor | None) -> torch.Tensor | None:
+    """``[b, T]`` bool: the tokens the loss would have clipped with ``logp`` in place of the update's (every other
+    input as in the update), or None without ``logp``."""
+    return None if logp is None else rl.compute_clipped_mask(s.preset.loss, **{**inputs, "logp": logp})
+
+
 def _updates(
     model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
     old: _OldPolicy, advantages: torch.Tensor, s: StepSettings, world: World,
@@ -289,6 +323,10 @@ def _updates(
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]
     routes = torch.empty_like(old.routes)  # [B, L, layers, k]
+    # Routing's share: the other routing than the update's, on its weights (pi_old's trainer routes, or free).
+    other_routes = old.free.routes if replay_source is None else None
+    counterfactual = torch.zeros_like(old.logp) if s.routing_share else None  # [B, T]
+    clipped_counterfactual = torch.zeros_like(batch.response_mask) if s.routing_share else None  # [B, T]
     losses, grad_norms, loss_metrics, loss_inputs, aux_losses = [], [], [], [], []
     model.train()
     for m, rows in enumerate(chunks):
@@ -296,6 +334,8 @@ def _updates(
         # A rank holding none of this minibatch still runs its forward and backward (FSDP's collectives), on a
         # stand-in row whose loss weighs 0.
         held = rows if len(rows) else rows.new_zeros(1)
+        other_logp = _counterfactual_logp(model, batch.select(held), s,
+                                          None if other_routes is None else other_routes.select(held))
         fwd = policy_forward(
             model, batch.select(held), temperature=s.temperature,
             replay=None if replay_source is None else replay_source.select(held), force_gates=force_gates,
@@ -303,6 +343,7 @@ def _updates(
         )
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
         parts = rl.compute_loss_parts(s.preset.loss, **inputs)
+        other_clipped = _counterfactual_clipped(s, inputs, other_logp)
         loss, metrics = parts.loss, parts.metrics
         if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
             loss = loss + s.router_aux_loss_coef * fwd.aux_loss
@@ -331,7 +372,11 @@ def _updates(
             logp[rows] = fwd.logp.detach()
             clipped[rows] = parts.clipped
             routes[rows] = fwd.routes.indices
-    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics, loss_inputs, aux_losses)
+        if len(rows) and other_logp is not None:
+            counterfactual[rows] = other_logp
+            clipped_counterfactual[rows] = other_clipped
+    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics, loss_inputs, aux_losses,
+                    counterfactual, clipped_counterfactual)
 
 
 def _full(norm: torch.Tensor) -> float:
@@ -380,6 +425,7 @@ def run_step(
         logp_old=old.logp, logp_old_free=old.free.logp, logp_update=up.logp, logp_new=new.logp,
         clipped=up.clipped, routes_old=old.routes, routes_old_free=old.free.routes, routes_update=up.routes,
         routes_new=new.routes, entropy=old.free.entropy,
+        logp_update_counterfactual=up.logp_counterfactual, clipped_counterfactual=up.clipped_counterfactual,
     )
     per_minibatch, sampling = up.loss_metrics, sampled.metrics
     if world.distributed:

@@ -201,6 +201,7 @@ def _metrics_line(step: int, cols: dict, layers: int, top_k: int, rng: np.random
         "clip/token_frac_later": 0.2,
         "clip/seq_frac": 0.15,
         "clip/seq_frac_later": 0.3,
+        "routing_share/var_share": 0.1 * step,  # written with --routing-share only
         "routing/old_new/changed": float(np.mean(by_layer)),
         "routing/old_new/router_flip": 0.2,
         "routing/old_new/changed_by_layer": by_layer,

@@ -24,14 +24,16 @@ PAGES = {  # page file -> title it shows
 
 @pytest.fixture(scope="session")
 def trained_runs(tmp_path_factory) -> Path:
-    """A runs folder with two finished 6-step runs of the tiny task: replay off and R2 (``old``)."""
+    """A runs folder with two finished 6-step runs of the tiny task: replay off and R2 (``old``, with
+    ``routing_share``)."""
     from moestab.train import train
     from tests.train.helpers import tiny_config
 
     cache = tmp_path_factory.mktemp("moestab-cache")
     root = tmp_path_factory.mktemp("runs")
     for name, replay in (("gspo-off", "off"), ("gspo-r2", "old")):
-        result = train(tiny_config(root / name, cache, steps=6, save_every=6, eval_every=2, routing_replay=replay))
+        result = train(tiny_config(root / name, cache, steps=6, save_every=6, eval_every=2, routing_replay=replay,
+                                   routing_share=replay == "old"))
         assert result.status == "finished", result
     return root
 

@@ -49,6 +49,7 @@ EXPECTED_CHARTS = {
         "KL(pi_old ‖ pi_new)",
         "Gradient norm (before clipping, mean over minibatches) against step",
         "Clipped tokens, minibatches 2..n (GSPO Fig. 2) against step",
+        "Routing's share of Var(log w)",  # the R2 run measures it (--routing-share); the off run's line is absent
         "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it) against step",
         "Rollout vs the trainer's free pi_old, k3 against step",
     ],

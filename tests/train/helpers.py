@@ -40,16 +40,17 @@ def tiny_config(out: Path, cache: Path, **overrides) -> TrainConfig:
     return build_config(TrainConfig, values)
 
 
-def one_grpo_step(replay: str, engine: Callable):
+def one_grpo_step(replay: str, engine: Callable, **settings):
     """One grpo ``run_step`` of a fresh embedded policy on 4 prompts x 4 samples with ``engine(model, tokenizer)``
-    as the rollout engine: ``(model before the step, model after, metrics, step tensors)``."""
+    as the rollout engine: ``(model before the step, model after, metrics, step tensors)``. ``settings`` override
+    the ``StepSettings`` (2 minibatches, temperature 1, 4 new tokens, ...)."""
     torch.manual_seed(0)
     model, tokenizer = build_embedded_policy()
     before = copy.deepcopy(model)
     task = task_from_spec(TASK)
     settings = StepSettings(
-        preset=rl.get_preset("grpo"), replay=replay,
-        minibatches=2, group_size=4, temperature=1.0, max_new_tokens=4, max_grad_norm=1.0,
+        **{"preset": rl.get_preset("grpo"), "replay": replay, "minibatches": 2, "group_size": 4, "temperature": 1.0,
+           "max_new_tokens": 4, "max_grad_norm": 1.0, **settings},
     )
     metrics, tensors = run_step(
         model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), engine=engine(model, tokenizer),

@@ -71,14 +71,16 @@ TABLE_ATOL = 1e-6
 CASES = {
     # objective, replay, minibatches, what it covers (every case in float64, see TOLERANCE)
     "gspo-r3": ("gspo", "rollout", 4, {}),  # sequence ratio, rollout routes replayed
-    "grpo-r2": ("grpo", "old", 4, {}),  # token ratio, seq-mean-token-mean, old-policy routes replayed
+    # token ratio, seq-mean-token-mean, old-policy routes replayed; routing's share (its free forward) measured
+    "grpo-r2": ("grpo", "old", 4, {"routing_share": True}),
     "dapo": ("dapo", "off", 4, {"dynamic_sampling": False}),  # token-mean: each rank's share is its token count
     # DAPO's dynamic sampling: groups without signal (prompts starting 0-4) dropped, more drawn, the whole step's
     # groups kept in one process's order and handed out in blocks
     "dapo-dynamic-sampling": ("dapo", "off", 4, {"task": "arithmetic:reward=tests/train/rewards.py:"
                                                          "low_first_digit_is_free"}),
     "dr-grpo": ("dr-grpo", "off", 4, {}),  # Dr. GRPO's constant over the global minibatch
-    "one-row-minibatches": ("gspo", "off", 16, {}),  # every minibatch lies on one rank: the other runs a stand-in
+    # every minibatch lies on one rank: the other runs a stand-in (for routing's share's replayed forward too)
+    "one-row-minibatches": ("gspo", "off", 16, {"routing_share": True}),
 }
 
 
