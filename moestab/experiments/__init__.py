@@ -1,6 +1,9 @@
 """Experiments: the grid runner, figures and notebook executor shared by notebooks/ and scripts/.
 
 - ``grid``: a list of ``moestab train`` configs over axes x seeds, run (finished runs reused) and read back;
+- ``stability``: one run's instability measures (collapse, gradient spikes, reward gain);
+- ``controlled``: issue 26's pre-registered controlled experiment (scan, choose, evaluate, report;
+  docs/controlled.md); ``paired``: paired differences and their t-interval;
 - ``figures``: mean +- sd curves over seeds;
 - ``notebooks``: execute a jupytext notebook at a named size (``smoke`` / ``full``), papermill-style.
 """

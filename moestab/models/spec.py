@@ -28,7 +28,8 @@ class EmbeddedModelSpec:
 
 EMBEDDED = "embedded"
 MODEL_SPEC_GRAMMAR = ("'embedded', 'embedded:dense', 'embedded:fine' or 'embedded:KEY=VALUE[,...]' with keys layers, "
-                      "experts, top_k, hidden, family, ffn, e.g. 'embedded:layers=8,experts=32,top_k=4,hidden=256'")
+                      "experts, top_k, hidden, family, ffn, e.g. 'embedded:layers=8,experts=32,top_k=4,hidden=256'; a "
+                      "named variant takes further keys it does not set, e.g. 'embedded:dense,layers=8'")
 _SPEC_KEYS = {"layers": "num_layers", "experts": "num_experts", "top_k": "top_k", "hidden": "hidden_size",
               "family": "family", "ffn": "expert_width"}
 
@@ -55,18 +56,16 @@ def is_embedded(model: str) -> bool:
 
 def parse_model_spec(model: str, seed: int = 0) -> EmbeddedModelSpec:
     """``embedded:layers=8,experts=32,top_k=4,hidden=256`` -> :class:`EmbeddedModelSpec` (unset keys: defaults);
-    ``embedded:dense`` and ``embedded:fine`` stand for the specs in :data:`EMBEDDED_VARIANTS`.
+    ``embedded:dense`` and ``embedded:fine`` stand for the specs in :data:`EMBEDDED_VARIANTS`, and may be followed
+    by keys the variant does not set (``embedded:dense,layers=8``; a key the variant sets is "given twice").
 
     Raises ``ValueError`` naming what is wrong and what is valid.
     """
     from moestab.tasks.errors import TaskSpecError
     from moestab.tasks.spec import parse_spec
 
-    head, _, variant = model.partition(":")
-    named = head.strip() == EMBEDDED and variant.strip() in EMBEDDED_VARIANTS
-    expanded = f"{EMBEDDED}:{EMBEDDED_VARIANTS[variant.strip()]}" if named else model
     try:
-        name, params = parse_spec(expanded, "model", MODEL_SPEC_GRAMMAR)
+        name, params = parse_spec(_expand_variant(model), "model", MODEL_SPEC_GRAMMAR)
     except TaskSpecError as exc:
         raise ValueError(str(exc)) from exc
     if name != EMBEDDED:
@@ -77,6 +76,15 @@ def parse_model_spec(model: str, seed: int = 0) -> EmbeddedModelSpec:
     spec = EmbeddedModelSpec(**values)  # type: ignore[arg-type]
     _check_shape(model, spec)
     return spec
+
+
+def _expand_variant(model: str) -> str:
+    """``embedded:dense,layers=8`` -> ``embedded:experts=1,top_k=1,ffn=256,layers=8``; any other spec as it is."""
+    head, _, rest = model.partition(":")
+    variant, comma, more = rest.partition(",")
+    if head.strip() != EMBEDDED or variant.strip() not in EMBEDDED_VARIANTS:
+        return model
+    return f"{EMBEDDED}:{EMBEDDED_VARIANTS[variant.strip()]}{comma}{more}"
 
 
 def _field(model: str, key: str) -> str:

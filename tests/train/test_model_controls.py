@@ -22,6 +22,11 @@ DEFAULT, DENSE, FINE = "embedded", "embedded:dense", "embedded:fine"
 def test_named_variants_are_their_specs():
     assert parse_model_spec(DENSE, seed=2) == EmbeddedModelSpec(num_experts=1, top_k=1, expert_width=256, seed=2)
     assert parse_model_spec(FINE) == parse_model_spec("embedded:experts=64,top_k=8,ffn=32")
+    # A variant takes further keys it does not set; one it sets is given twice.
+    assert parse_model_spec("embedded:dense,layers=8") == EmbeddedModelSpec(num_layers=8, num_experts=1, top_k=1,
+                                                                             expert_width=256)
+    with pytest.raises(ValueError, match="parameter 'experts' is given twice"):
+        parse_model_spec("embedded:dense,experts=4")
     assert parse_model_spec("embedded:ffn=64,family=olmoe").expert_width == 64
     with pytest.raises(ValueError, match="ffn is not supported for jamba; valid families: qwen3_moe"):
         parse_model_spec("embedded:ffn=64,family=jamba")
