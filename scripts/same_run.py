@@ -3,10 +3,10 @@
     python scripts/same_run.py RUN_A RUN_B
 
 Compares what a run's numbers are: every metrics.jsonl value but wall times (``time/...``), every per-token table
-(all columns, exact), every checkpoint's files (bytes, except the optimizer/loop state file's pickle framing is
-compared as loaded tensors) and run.json's config, model and accuracies. Prints each difference and exits 1 if any,
-else prints what was compared and exits 0. Used to check restructurings against the previous commit (issue 25):
-run the same command with both commits' code into two folders and compare them.
+(all columns, exact), every checkpoint's files (bytes; the optimizer / loop state compared as loaded tensors) and
+run.json's config (a setting a run predates counts at its default), model and accuracies. Prints each difference
+and exits 1 if any, else prints what was compared and exits 0. Used to check restructurings against the previous
+commit: run the same command with both commits' code into two folders and compare them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 from moestab.records import schema
 from moestab.records.reader import list_checkpoints, list_token_files, load_metrics, read_run_info
+from moestab.train.run_folder import config_defaults
 
 TIMING_PREFIX = "time/"
 
@@ -104,8 +105,10 @@ def _checkpoints(a: Path, b: Path) -> tuple[list[str], int]:
 def _run_info(a: Path, b: Path) -> list[str]:
     ia, ib = read_run_info(a), read_run_info(b)
     out = []
-    config_a = {k: v for k, v in ia.config.items() if k != "out"}
-    config_b = {k: v for k, v in ib.config.items() if k != "out"}
+    # A run recorded before a setting existed had it at its default (as --resume reads it).
+    defaults = config_defaults()
+    config_a = {k: v for k, v in {**defaults, **ia.config}.items() if k != "out"}
+    config_b = {k: v for k, v in {**defaults, **ib.config}.items() if k != "out"}
     if config_a != config_b:
         differ = sorted(k for k in config_a.keys() | config_b.keys() if config_a.get(k) != config_b.get(k))
         out.append(f"run.json config differs: {differ}")
