@@ -19,7 +19,7 @@ from moestab.analysis.mismatch import mismatch_by_step
 from moestab.analysis.ratios import clip_fractions
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics import keys
-from moestab.records import schema
+from moestab.records import RunFolder, schema
 from moestab.records.errors import RunFileError, Skipped, skip
 from moestab.records.reader import (
     list_token_files,
@@ -110,7 +110,7 @@ def _no_logged_step(run: str | Path, last_step: int, skipped: list[Skipped] | No
     come from the token tables, if any."""
     tokens = "stability numbers recomputed from the token tables" if len(list_token_files(run)) else \
         "and the run has no token tables, so it has no stability numbers"
-    skip(skipped, RunFileError(Path(run) / schema.METRICS_JSONL,
+    skip(skipped, RunFileError(RunFolder(run).metrics_file,
                                f"holds no step, though run.json says the run reached step {last_step}; {tokens}"))
 
 
