@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/controlled"), help="the experiment's run folders")
     parser.add_argument("--prereg", type=Path, default=Path("docs/preregistration.md"))
     parser.add_argument("--dest", type=Path, default=Path("docs/controlled_results"), help="report: output folder")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of every run (registered)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--no-git-check", action="store_true", help="evaluate: allow an uncommitted pre-registration")
     args = parser.parse_args(argv)

@@ -4,7 +4,10 @@ A token is *flipped* when, in at least one recorded layer, its expert set differ
 route sets (``update_old`` by default: ``routes_update`` vs ``routes_old``, the routes that produced
 ``logp_update`` and ``logp_old``, i.e. exactly the two sides of ``log w`` — under R2, R3 and TRR both sides
 replay the same routes, so no token is flipped; or any pair of :data:`moestab.records.schema.ROUTE_PAIRS`).
-Tokens with no recorded layer are left out. Compared between flipped and unflipped tokens:
+Tokens with no recorded layer are left out. The first minibatch of every step updates from pi_old's own weights,
+so its ``log w`` is exactly 0 whatever the routing: it is kept apart (``by_minibatch``) and the flipped-vs-unflipped
+comparison of ``groups`` / ``explained`` is over minibatches 2..n only (pooling it in put every first-minibatch token
+in the unflipped group at ``|log w| = 0`` and inflated the contrast). Compared between flipped and unflipped tokens:
 
 - ``|log w|`` (mean, median, q0.99) and the clipped share;
 - for *clipped* and *extreme* tokens (``|log w| > ln 2``, the F(2) threshold of REFERENCES
@@ -155,6 +158,21 @@ def flip_rate_by_margin(
     return _margin_table(flips, counts, edges)
 
 
+def flip_groups_by_minibatch(
+    log_w: np.ndarray, clipped: np.ndarray, flipped: np.ndarray, minibatch: np.ndarray
+) -> pd.DataFrame:
+    """:func:`flip_groups` per minibatch index (0-based, column ``minibatch`` first), all ``[tokens]`` arrays."""
+    minibatch = np.asarray(minibatch)
+    if minibatch.shape != np.shape(log_w):
+        raise ValueError(f"shapes differ: log_w {np.shape(log_w)}, minibatch {minibatch.shape}")
+    parts = [flip_groups(log_w[minibatch == m], clipped[minibatch == m], flipped[minibatch == m]).assign(minibatch=m)
+             for m in np.unique(minibatch)]
+    if not parts:
+        return pd.DataFrame(columns=["minibatch", *flip_groups(log_w, clipped, flipped).columns])
+    frame = pd.concat(parts, ignore_index=True)
+    return frame[["minibatch", *[c for c in frame.columns if c != "minibatch"]]]
+
+
 @dataclass(frozen=True)
 class Attribution:
     """Result of :func:`run_attribution`."""
@@ -162,9 +180,11 @@ class Attribution:
     pair: str
     """Route pair that defines a flip (a key of :data:`moestab.records.schema.ROUTE_PAIRS`)."""
     groups: pd.DataFrame
-    """:func:`flip_groups` over the run's recorded tokens."""
+    """:func:`flip_groups` over the run's recorded tokens of minibatches 2..n (the first one's log w is 0)."""
     explained: pd.DataFrame
-    """:func:`explained_by_flips` over the run's recorded tokens."""
+    """:func:`explained_by_flips` over the same tokens as ``groups``."""
+    by_minibatch: pd.DataFrame
+    """:func:`flip_groups_by_minibatch` over every recorded token, the first minibatch (index 0) included."""
     by_margin: pd.DataFrame
     """:func:`flip_rate_by_margin` over the run's routers (empty without ``margin_old``)."""
 
@@ -197,11 +217,11 @@ def run_attribution(
         sample = _sample_margins(run, steps, batch_rows, margin_sample)
         edges = quantile_edges(sample, margin_bins) if sample.size else edges
 
-    log_w, clipped, flipped = [], [], []
+    log_w, clipped, flipped, minibatch = [], [], [], []
     size = max(len(edges) - 1, 1)
     margin_flips = np.zeros(size)
     margin_counts = np.zeros(size)
-    others = [schema.COL_LOG_W, schema.COL_CLIPPED]
+    others = [schema.COL_LOG_W, schema.COL_CLIPPED, schema.COL_MINIBATCH]
     with_margin = edges.size > 0
     if with_margin:
         others.append(schema.COL_MARGIN_OLD)
@@ -213,6 +233,7 @@ def run_attribution(
         log_w.append(batch.column(schema.COL_LOG_W).to_numpy(zero_copy_only=False)[keep])
         clipped.append(batch.column(schema.COL_CLIPPED).to_numpy(zero_copy_only=False)[keep])
         flipped.append(router_flipped.any(axis=1)[keep])
+        minibatch.append(batch.column(schema.COL_MINIBATCH).to_numpy(zero_copy_only=False)[keep])
         if not with_margin or step in bad_margin:
             continue
         margin = margin_array(batch.column(schema.COL_MARGIN_OLD)).astype(np.float64)  # [rows, layers]
@@ -232,13 +253,16 @@ def run_attribution(
     log_w_all = np.concatenate(log_w)
     clipped_all = np.concatenate(clipped).astype(bool)
     flipped_all = np.concatenate(flipped)
+    minibatch_all = np.concatenate(minibatch)
+    later = minibatch_all > 0  # the first minibatch's log w is 0 by construction
     by_margin = (
         _margin_table(margin_flips, margin_counts, edges) if with_margin else pd.DataFrame(columns=MARGIN_COLUMNS)
     )
     return Attribution(
         pair=pair,
-        groups=flip_groups(log_w_all, clipped_all, flipped_all),
-        explained=explained_by_flips(log_w_all, clipped_all, flipped_all),
+        groups=flip_groups(log_w_all[later], clipped_all[later], flipped_all[later]),
+        explained=explained_by_flips(log_w_all[later], clipped_all[later], flipped_all[later]),
+        by_minibatch=flip_groups_by_minibatch(log_w_all, clipped_all, flipped_all, minibatch_all),
         by_margin=by_margin,
     )
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from moestab.experiments.grid import GridRun, grid_runs, is_finished, run_grid
+from moestab.experiments.grid import GridRun, grid_metrics, grid_runs, is_finished, run_grid
 from moestab.experiments.paired import paired_interval
 from moestab.experiments.stability import COLLAPSE_DROP, run_stability
 from moestab.metrics import keys
@@ -100,7 +100,10 @@ class Plan:
     eval_every: int = 5
     extra: tuple[tuple[str, Any], ...] = ()
     """Further TrainConfig fields of every run (tests: tiny batches); registered with the rest."""
-    threads: int = 2
+    threads: int = 1
+    """Torch threads of every run (registered: float results depend on it). One, so that the experiment holds one core
+    of a 2-core machine and other work the other: two threads slowed 4-5x whenever anything else ran (measured on the
+    scan: 1.0 s per step alone, 3.5-5 s beside a test run)."""
     cache_dir: str | None = field(default=None, compare=False)
     """Where warm-started bases are cached (not part of the registered setting)."""
 
@@ -318,6 +321,13 @@ def outcomes_table(plan: Plan, out: str | Path, prereg: str | Path) -> pd.DataFr
     runs = evaluation_runs(plan, float(read_registration(prereg)["lr"]), out)
     _require_finished(runs, "evaluation")
     return pd.DataFrame([{"arm": _arm_of(r), "seed": r.values["seed"], **run_outcomes(r.run_dir)} for r in runs])
+
+
+def evaluation_metrics(plan: Plan, out: str | Path, prereg: str | Path) -> pd.DataFrame:
+    """metrics.jsonl of every evaluation run, one row per step, with ``arm`` and ``seed`` columns."""
+    runs = evaluation_runs(plan, float(read_registration(prereg)["lr"]), out)
+    _require_finished(runs, "evaluation")
+    return pd.concat([grid_metrics([r]).assign(arm=_arm_of(r)) for r in runs], ignore_index=True)
 
 
 def paired_table(outcomes: pd.DataFrame) -> pd.DataFrame:

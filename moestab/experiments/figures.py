@@ -1,8 +1,9 @@
-"""Figures shared by the notebooks: curves as mean +- sd over seeds."""
+"""Figures shared by the notebooks: curves as mean +- sd over seeds, and paired differences with their intervals."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -14,13 +15,34 @@ def mean_sd(frame: pd.DataFrame, x: str, y: str, by: Sequence[str] = ()) -> pd.D
     return rows.agg(mean="mean", sd="std", n="count").reset_index()
 
 
-def plot_mean_sd(ax, frame: pd.DataFrame, x: str, y: str, by: Sequence[str] = (), label: str | None = None) -> None:
-    """One line per group of ``by``: the mean over seeds, with a +-1 sd band."""
+def plot_mean_sd(
+    ax, frame: pd.DataFrame, x: str, y: str, by: Sequence[str] = (), label: str | None = None, *,
+    styles: Mapping[Any, Mapping[str, Any]] | None = None, band_alpha: float = 0.2,
+) -> None:
+    """One line per group of ``by``: the mean over seeds, with a +-1 sd band.
+
+    ``styles``: matplotlib line keywords per group key (the value of a single ``by`` column, else the tuple), so that
+    many groups stay distinguishable (colour and dash); the band takes the line's colour."""
     stats = mean_sd(frame, x, y, by)
     groups = stats.groupby(list(by)) if by else [((), stats)]
     for key, rows in groups:
-        name = label or (", ".join(f"{k}={v}" for k, v in zip(by, key if isinstance(key, tuple) else (key,),
-                                                              strict=True)) or y)
-        ax.plot(rows[x], rows["mean"], label=name)
-        ax.fill_between(rows[x], rows["mean"] - rows["sd"].fillna(0), rows["mean"] + rows["sd"].fillna(0), alpha=0.2)
+        values = key if isinstance(key, tuple) else (key,)
+        name = label or (", ".join(f"{k}={v}" for k, v in zip(by, values, strict=True)) or y)
+        style = dict((styles or {}).get(values[0] if len(values) == 1 else values, {}))
+        (line,) = ax.plot(rows[x], rows["mean"], label=style.pop("label", name), **style)
+        ax.fill_between(rows[x], rows["mean"] - rows["sd"].fillna(0), rows["mean"] + rows["sd"].fillna(0),
+                        alpha=band_alpha, color=line.get_color(), linewidth=0)
     ax.set(xlabel=x, ylabel=y)
+
+
+def plot_intervals(ax, paired: pd.DataFrame, label: str = "arm", title: str | None = None) -> None:
+    """Paired differences as a forest plot: one row per ``label``, the mean difference as a dot and its interval
+    (``ci_low`` .. ``ci_high``) as a bar, with the no-difference line at 0. Rows without an interval are left out."""
+    rows = paired.dropna(subset=["mean_diff", "ci_low", "ci_high"]).reset_index(drop=True)
+    y = list(range(len(rows)))[::-1]  # the first row on top
+    below, above = rows["mean_diff"] - rows["ci_low"], rows["ci_high"] - rows["mean_diff"]
+    ax.errorbar(rows["mean_diff"], y, xerr=[below, above], fmt="o", capsize=3)
+    ax.axvline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_yticks(y, rows[label].tolist())
+    if title:
+        ax.set_title(title)

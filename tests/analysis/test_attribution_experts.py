@@ -47,9 +47,27 @@ def test_flip_rate_by_margin_hand_worked():
     assert table["margin_low"].tolist() == pytest.approx([0.1, 1.6])
 
 
+def test_flip_groups_by_minibatch_hand_worked():
+    # Minibatch 0 holds the first update's tokens (log w = 0, never flipped); minibatch 1: flipped |log w| 0.4 and
+    # 0.2 (mean 0.3), unflipped 0.1. Pooled, unflipped would average (0 + 0 + 0.1) / 3 = 0.033: a 9x contrast;
+    # within minibatch 1 it is 0.3 / 0.1 = 3x.
+    log_w = np.array([0.0, 0.0, 0.4, -0.2, 0.1])
+    clipped = np.array([False, False, True, False, False])
+    flipped = np.array([False, False, True, True, False])
+    minibatch = np.array([0, 0, 1, 1, 1])
+    table = A.flip_groups_by_minibatch(log_w, clipped, flipped, minibatch).set_index(["minibatch", "flipped"])
+    assert table.loc[(0, False), "tokens"] == 2 and table.loc[(0, False), "mean_abs_log_w"] == 0.0
+    assert table.loc[(0, True), "tokens"] == 0 and np.isnan(table.loc[(0, True), "mean_abs_log_w"])
+    assert table.loc[(1, True), "mean_abs_log_w"] == pytest.approx(0.3)
+    assert table.loc[(1, False), "mean_abs_log_w"] == pytest.approx(0.1)
+    assert table.loc[(1, True), "clip_frac"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="shapes differ"):
+        A.flip_groups_by_minibatch(log_w, clipped, flipped, minibatch[:2])
+
+
 def test_run_attribution_matches_raw_arrays(fake_run):
     result = A.run_attribution(fake_run.path, "update_old", margin_bins=3)
-    abs_w, clipped, flipped = [], [], []
+    abs_w, clipped, flipped, minibatch = [], [], [], []
     margins, router_flipped = [], []
     for cols in fake_run.tokens.values():
         overlaps = decision_overlaps(cols[schema.COL_ROUTES_UPDATE], cols[schema.COL_ROUTES_OLD])
@@ -57,18 +75,28 @@ def test_run_attribution_matches_raw_arrays(fake_run):
             abs_w.append(abs(float(cols[schema.COL_LOG_W][t])))
             clipped.append(bool(cols[schema.COL_CLIPPED][t]))
             flipped.append(any(v < 2 for v in row))
+            minibatch.append(int(cols[schema.COL_MINIBATCH][t]))
             for layer, v in enumerate(row):
                 m = float(cols[schema.COL_MARGIN_OLD][t, layer])
                 if not math.isnan(m):
                     margins.append(m)
                     router_flipped.append(v < 2)
-    abs_w, clipped, flipped = np.array(abs_w), np.array(clipped), np.array(flipped)
+    abs_w, clipped, flipped, minibatch = np.array(abs_w), np.array(clipped), np.array(flipped), np.array(minibatch)
+    # groups / explained: minibatches 2..n only (the first one's log w is 0 by construction in a real run).
+    later = minibatch > 0
+    assert 0 < later.sum() < later.size  # both strata are present, so leaving one out is visible
     groups = result.groups.set_index("flipped")
-    assert groups.loc[True, "tokens"] == flipped.sum()
-    assert groups.loc[True, "mean_abs_log_w"] == pytest.approx(abs_w[flipped].mean(), rel=1e-6)
-    assert groups.loc[False, "clip_frac"] == pytest.approx(clipped[~flipped].mean())
+    assert groups.loc["all", "tokens"] == later.sum()
+    assert groups.loc[True, "tokens"] == (flipped & later).sum()
+    assert groups.loc[True, "mean_abs_log_w"] == pytest.approx(abs_w[flipped & later].mean(), rel=1e-6)
+    assert groups.loc[False, "clip_frac"] == pytest.approx(clipped[~flipped & later].mean())
     explained = result.explained.set_index("event")
-    assert explained.loc["clipped", "flip_rate_in_event"] == pytest.approx(flipped[clipped].mean())
+    assert explained.loc["clipped", "flip_rate_in_event"] == pytest.approx(flipped[clipped & later].mean())
+    by_mb = result.by_minibatch.set_index(["minibatch", "flipped"])
+    for m in (0, 1):
+        assert by_mb.loc[(m, "all"), "tokens"] == (minibatch == m).sum()
+        assert by_mb.loc[(m, True), "mean_abs_log_w"] == pytest.approx(abs_w[flipped & (minibatch == m)].mean(),
+                                                                      rel=1e-6)
     # Margin bins: the sample is every margin here (fewer than margin_sample), so edges are exact.
     margins, router_flipped = np.array(margins, np.float32).astype(np.float64), np.array(router_flipped)
     edges = np.quantile(margins, [0, 1 / 3, 2 / 3, 1])
