@@ -4,6 +4,7 @@
     .venv/bin/python scripts/controlled_experiment.py choose --out runs/controlled   # writes docs/preregistration.md
     git add docs/preregistration.md && git commit -m "Pre-register the controlled experiment"
     nohup .venv/bin/python scripts/controlled_experiment.py evaluate --out runs/controlled > evaluate.log 2>&1 &
+    (or two processes, one per core: taskset -c 0 ... evaluate --shard 0/2 & taskset -c 1 ... evaluate --shard 1/2 &)
     .venv/bin/python scripts/controlled_experiment.py report --out runs/controlled --dest docs/controlled_results
 
 scan and evaluate resume from finished runs: rerun the same command after an interruption. evaluate refuses to start
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", type=Path, default=Path("docs/controlled_results"), help="report: output folder")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every run (registered)")
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--shard", default="0/1", help="evaluate: I/N runs every N-th run from the I-th (0-based), "
+                        "so N processes, each on its own core, share the evaluation; default 0/1: every run")
     parser.add_argument("--no-git-check", action="store_true", help="evaluate: allow an uncommitted pre-registration")
     args = parser.parse_args(argv)
     plan = controlled.Plan(threads=args.threads, cache_dir=args.cache_dir)
@@ -60,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         problem = None if args.no_git_check else _committed(args.prereg)
         if problem:
             raise SystemExit(problem)
-        controlled.run_evaluation(plan, args.out, args.prereg, log=log)
+        index, _, count = args.shard.partition("/")
+        if not (index.isdigit() and count.isdigit()):
+            raise SystemExit(f"--shard {args.shard!r} is not valid: give I/N, e.g. 0/2 and 1/2 for two processes")
+        controlled.run_evaluation(plan, args.out, args.prereg, log=log, shards=(int(index), int(count)))
     else:
         for path in controlled.write_report(plan, args.out, args.prereg, args.dest):
             log(f"wrote {path}")

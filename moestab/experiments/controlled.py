@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from moestab.experiments.grid import GridRun, grid_metrics, grid_runs, is_finished, run_grid
+from moestab.experiments.grid import GridRun, grid_metrics, grid_runs, is_finished, run_grid, shard
 from moestab.experiments.paired import paired_interval
 from moestab.experiments.stability import COLLAPSE_DROP, run_stability
 from moestab.metrics import keys
@@ -300,11 +300,13 @@ def check_preregistration(plan: Plan, out: str | Path, path: str | Path) -> floa
 
 
 def run_evaluation(
-    plan: Plan, out: str | Path, prereg: str | Path, *, log: Callable[[str], None] = print
+    plan: Plan, out: str | Path, prereg: str | Path, *, log: Callable[[str], None] = print,
+    shards: tuple[int, int] = (0, 1),
 ) -> list[Path]:
-    """Every evaluation run not finished yet, after :func:`check_preregistration`."""
+    """Every evaluation run not finished yet, after :func:`check_preregistration`; ``shards`` ``(i, n)``: only
+    shard ``i`` of ``n`` (:func:`moestab.experiments.grid.shard`), so that n processes share the evaluation."""
     lr = check_preregistration(plan, out, prereg)
-    return run_grid(evaluation_runs(plan, lr, out), log=log)
+    return run_grid(shard(evaluation_runs(plan, lr, out), *shards), log=log)
 
 
 def run_outcomes(run: str | Path) -> dict[str, float | None]:

@@ -57,6 +57,14 @@ def is_finished(run: GridRun) -> bool:
         return False
 
 
+def shard(runs: Sequence[GridRun], index: int, count: int) -> list[GridRun]:
+    """Every ``count``-th run from ``index``: ``count`` processes, one per shard, train a grid together without two
+    ever writing one folder (each run's result depends on its config only, not on the process that ran it)."""
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count} is not valid: need 0 <= index < count, count >= 1")
+    return list(runs[index::count])
+
+
 def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = print) -> list[Path]:
     """Train every run that has not finished (an unfinished folder is started over); returns the run folders."""
     for i, run in enumerate(runs, start=1):

@@ -92,3 +92,17 @@ def test_scan_choose_evaluate_report_end_to_end(tmp_path):
     assert set(paired["arm"]) == set(controlled.EVAL_ARMS) - {controlled.BASELINE}
     assert (paired["n"] == 1).all()  # one seed: a mean difference, no interval
     assert "Paired differences" in paths[2].read_text()
+
+
+def test_shards_partition_a_grid_and_bad_shards_are_refused(tmp_path):
+    from moestab.experiments.grid import shard
+
+    runs = controlled.evaluation_runs(_plan(tmp_path, eval_seeds=(1000, 1001)), 1e-3, tmp_path / "runs")
+    assert len(runs) == 12  # 6 arms x 2 seeds
+    parts = [shard(runs, i, 3) for i in range(3)]
+    assert sorted((r.run_dir for p in parts for r in p), key=str) == sorted((r.run_dir for r in runs), key=str)
+    assert [len(p) for p in parts] == [4, 4, 4] and parts[1][0].run_dir == runs[1].run_dir  # every 3rd from 1
+    assert shard(runs, 0, 1) == runs
+    for index, count in ((2, 2), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match=f"shard {index}/{count} is not valid"):
+            shard(runs, index, count)
