@@ -8,7 +8,14 @@
 # ---
 
 # %% [markdown]
-# # 01 · GRPO vs GSPO with Routing Replay off / R2 / R3
+# # 06 · GRPO vs GSPO with Routing Replay off / R2 / R3 (the default and the stress grids)
+#
+# **Read first.** This notebook was notebook 01 until issue 26 and is committed as it was executed then (renamed, not
+# re-executed). Two of its readings are superseded: the stress grid (lr 1e-3) breaks every mode through its learning
+# rate and has no control, so GSPO §5.3's question is answered by notebook 01's pre-registered controlled experiment;
+# and its claim 5 cell pooled the first minibatch (log w = 0 by construction) into the unflipped tokens, which inflated
+# the flipped/unflipped contrast: `run_attribution` now leaves that minibatch out, and notebook 01 shows the
+# stratified contrast. Its run folders are still `runs/notebooks/01/`.
 #
 # The GSPO paper's central comparison on MoE models: token-level GRPO needs Routing Replay to be stable, GSPO does
 # not. This notebook runs the grid {GRPO, GSPO} x replay {off, old (R2), rollout (R3)} over seeds on the default
