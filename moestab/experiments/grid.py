@@ -13,6 +13,7 @@ import pandas as pd
 from moestab.configs import build_config, config_to_dict
 from moestab.records import RunFolder, schema
 from moestab.records.errors import RunError
+from moestab.records.lock import RunLockedError
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
@@ -65,14 +66,33 @@ def shard(runs: Sequence[GridRun], index: int, count: int) -> list[GridRun]:
     return list(runs[index::count])
 
 
+def _locked(error: BaseException | None) -> RunLockedError | None:
+    """The :class:`RunLockedError` in ``error``'s chain of causes, if any."""
+    while error is not None:
+        if isinstance(error, RunLockedError):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = print) -> list[Path]:
-    """Train every run that has not finished (an unfinished folder is started over); returns the run folders."""
+    """Train every run that has not finished (an unfinished folder is started over); returns the run folders.
+
+    A run another process is training (its folder's lock is held) is skipped with a note, so several processes may
+    walk one grid together: each trains what is neither finished nor taken."""
     for i, run in enumerate(runs, start=1):
         if is_finished(run):
             continue
         log(f"[{i}/{len(runs)}] {run.run_dir.name}")
         overwrite = RunFolder(run.run_dir).holds_run
-        train(build_config(TrainConfig, {**config_to_dict(run.config), "overwrite": overwrite}), log=lambda s: None)
+        try:
+            train(build_config(TrainConfig, {**config_to_dict(run.config), "overwrite": overwrite}),
+                  log=lambda s: None)
+        except Exception as error:
+            held = _locked(error)
+            if held is None:
+                raise
+            log(f"[{i}/{len(runs)}] {run.run_dir.name}: skipped, another process is training it ({held})")
     return [run.run_dir for run in runs]
 
 

@@ -106,3 +106,15 @@ def test_shards_partition_a_grid_and_bad_shards_are_refused(tmp_path):
     for index, count in ((2, 2), (-1, 2), (0, 0)):
         with pytest.raises(ValueError, match=f"shard {index}/{count} is not valid"):
             shard(runs, index, count)
+
+
+def test_a_grid_skips_a_run_another_process_is_training(tmp_path):
+    from moestab.experiments.grid import is_finished, run_grid
+    from moestab.records.lock import run_lock
+
+    run = controlled.evaluation_runs(_plan(tmp_path), 1e-3, tmp_path / "runs")[0]
+    lines = []
+    with run_lock(run.run_dir, note=lines.append):  # as the process training it would hold it
+        assert run_grid([run], log=lines.append) == [run.run_dir]  # no error: the run is someone else's
+    assert "skipped, another process is training it" in lines[-1] and str(run.run_dir) in lines[-1]
+    assert not is_finished(run) and not run.run_dir.exists()  # nothing written, the lock's folder removed
