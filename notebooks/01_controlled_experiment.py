@@ -31,7 +31,10 @@
 SIZE = "full"  # "smoke": a 1-layer untrained policy, every reward 0, 2 steps (the pipeline only); "full": registered
 
 # %%
+import warnings
 from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, with this machine's paths in it
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -44,6 +47,8 @@ from moestab.experiments.findings import show_findings
 from moestab.metrics import keys
 
 hf_logging.disable_progress_bar()
+pd.set_option("display.width", 160)
+pd.set_option("display.max_columns", 12)
 quiet = lambda line: None  # noqa: E731  (the grids' progress lines would name this machine's paths)
 if SIZE == "full":
     plan, OUT, PREREG = controlled.Plan(), Path("runs/controlled"), Path("docs/preregistration.md")
@@ -76,7 +81,7 @@ outcomes = controlled.outcomes_table(plan, OUT, PREREG)
 paired = controlled.paired_table(outcomes)
 m = controlled.evaluation_metrics(plan, OUT, PREREG)
 ARMS = list(controlled.EVAL_ARMS)
-print(f"lr {LR}; {len(outcomes)} runs: {len(ARMS)} arms x seeds {sorted(outcomes.seed.unique())}")
+print(f"lr {LR}; {len(outcomes)} runs: {len(ARMS)} arms x seeds {sorted(int(s) for s in outcomes.seed.unique())}")
 per_seed = outcomes.pivot(index="seed", columns="arm", values="final_acc")[ARMS]
 per_seed.loc["mean"], per_seed.loc["sd"] = per_seed.mean(), per_seed.std()
 print("start accuracy per seed (one warm-started base per seed and policy shape):")
