@@ -32,15 +32,17 @@ Measured, all on CPU float32 with the same saved weights (the embedded tiny Qwen
    initialised policy rarely answers right, so rewards and advantages are mostly zero; neither
    trainer skips any work for that.
 
-2. **Inside a moestab step**: ``run_step`` with routing replay ``old`` (R2) and ``rollout`` (R3)
-   against ``off`` (the rounds above); ``policy_forward(record=True)`` against ``record=False`` on one
-   minibatch of a real rollout batch, without grad (as pi_old / pi_new run) and with grad plus
-   backward (as the updates run); rollout ``model.generate`` inside a ``RoutingRecorder`` (as
-   ``HFRolloutEngine`` uses it, routes read out) against the same call without it, same seed; an
-   update forward + backward replaying pi_old's routes (R2's update) against a free one; and the
-   AdamW step with torch's default (per-tensor) implementation against ``fused=True``, the one both
-   trainers use. These are interleaved
-   round by round with the contender order rotated. ``--profile`` adds a cProfile of one more step.
+2. **Inside a moestab step**: ``run_step`` with routing replay ``old`` (R2) and ``rollout`` (R3) against
+   ``off``, and ``off`` with ``routing_share`` (``moestab train --routing-share``: one more no-grad forward per
+   minibatch) against ``off`` without it (the rounds above; ``--routing-share-only`` times just these two,
+   alternating, without TRL or the micro-benchmarks, and checks that both end on the same weights);
+   ``policy_forward(record=True)`` against ``record=False`` on one minibatch of a real rollout batch, without
+   grad (as pi_old / pi_new run) and with grad plus backward (as the updates run); rollout ``model.generate``
+   inside a ``RoutingRecorder`` (as ``HFRolloutEngine`` uses it, routes read out) against the same call without
+   it, same seed; an update forward + backward replaying pi_old's routes (R2's update) against a free one; and
+   the AdamW step with torch's default (per-tensor) implementation against ``fused=True``, the one both
+   trainers use. These are interleaved round by round with the contender order rotated. ``--profile`` adds a
+   cProfile of one more step.
 
 Every ratio is median(contender) / median(baseline) over the rounds; single timings are never
 reported. Each is given for wall time and for process CPU time (``time.process_time``): on a shared
@@ -50,6 +52,7 @@ is the work done). The p25-p75 of the per-round ratios (contender and baseline t
 in the same round) shows how much a ratio moved during the run. Rerun when in doubt.
 
 Usage: .venv/bin/python bench/bench_train.py [--threads 1] [--rounds 10] [--quick] [--profile] [--task SPEC]
+       [--routing-share-only]
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, run_step, step_examples, step_seed
 
 REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
+SHARE = "off, routing share"
+"""The contender ``off`` with ``routing_share`` on (``moestab train --routing-share``)."""
+CONTENDERS = (*REPLAY_MODES, SHARE)
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ class MoestabRunner:
 
     setup: Setup
     replay: str
+    routing_share: bool = False
     samples: Samples = field(default_factory=Samples)
     phases: list[dict[str, float]] = field(default_factory=list)
     sequences: list[int] = field(default_factory=list)
@@ -158,7 +165,7 @@ class MoestabRunner:
         preset = rl.get_preset(s.algo)
         self.settings = StepSettings(
             preset=preset, replay=self.replay, minibatches=s.minibatches, group_size=s.group, temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm,
+            max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm, routing_share=self.routing_share,
         )
 
     def _count_optimizer_step(self, *_: object) -> None:
@@ -280,13 +287,10 @@ def run_train_rounds(setup: Setup, rounds: int, trl_optim: str, work_dir: str) -
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    runners = {mode: MoestabRunner(setup, mode) for mode in REPLAY_MODES}
+    runners = moestab_runners(setup, CONTENDERS)
 
     def moestab_round(cycle: int) -> None:
-        turn = cycle % len(REPLAY_MODES)
-        order = REPLAY_MODES[turn:] + REPLAY_MODES[:turn]
-        for mode in order:
-            runners[mode].step(cycle + 1, timed=cycle > 0)
+        run_round(runners, cycle)
 
     # TRL reads prompts in dataset order: cycle c sees the prompts of moestab's step c + 1.
     examples = [ex for step in range(1, rounds + 2)
@@ -312,6 +316,31 @@ def run_train_rounds(setup: Setup, rounds: int, trl_optim: str, work_dir: str) -
         trl_update_steps=cycle_clock.update_steps[warmup_updates:],
         trl_optimizer_steps=cycle_clock.optimizer_steps[1:], trl_rewards=rewards, moestab=runners,
     )
+
+
+def moestab_runners(setup: Setup, names: tuple[str, ...]) -> dict[str, MoestabRunner]:
+    return {name: MoestabRunner(setup, "off", routing_share=True) if name == SHARE else MoestabRunner(setup, name)
+            for name in names}
+
+
+def run_round(runners: dict[str, MoestabRunner], cycle: int) -> None:
+    """Step ``cycle + 1`` of every runner, the order rotated each round; round 0 is warm-up."""
+    names = list(runners)
+    turn = cycle % len(names)
+    for name in names[turn:] + names[:turn]:
+        runners[name].step(cycle + 1, timed=cycle > 0)
+
+
+def run_share_rounds(setup: Setup, rounds: int) -> dict[str, MoestabRunner]:
+    """``--routing-share-only``: replay ``off`` with and without ``routing_share``, alternating, 1 + ``rounds``
+    steps each; ``RuntimeError`` unless both end on bit-identical weights (the extra forward changes no update)."""
+    runners = moestab_runners(setup, ("off", SHARE))
+    for cycle in range(rounds + 1):
+        run_round(runners, cycle)
+    pairs = zip(runners["off"].model.parameters(), runners[SHARE].model.parameters(), strict=True)
+    if not all(torch.equal(a, b) for a, b in pairs):
+        raise RuntimeError("routing_share changed the weights: the comparison is void")
+    return runners
 
 
 # ---- part 2b: recording and optimizer micro-benchmarks --------------------------------------
@@ -475,6 +504,26 @@ def ratio_row(label: str, contender: Samples, baseline: Samples) -> str:
             f"{q1:.2f}-{q3:.2f} |")
 
 
+def report_share(runners: dict[str, MoestabRunner], setup: Setup, rounds: int) -> None:
+    """``--routing-share-only``'s report: the ratio row and both contenders' phases."""
+    off, share = runners["off"], runners[SHARE]
+    print(f"torch {torch.__version__}; {platform.machine()}, {torch.get_num_threads()} torch thread(s); task "
+          f"{setup.task.spec}; embedded policy (qwen3_moe 4L, 8E, top-2, h128); rollout {setup.prompts} prompts x "
+          f"{setup.group} = {setup.batch} seqs, max {setup.max_new_tokens} new tokens, {setup.minibatches} updates "
+          f"per rollout; {rounds} timed rounds (+1 warm-up), order alternated; weights bit-identical after "
+          f"{rounds + 1} steps each (checked)\n")
+    print("| measurement | contender ms | baseline ms | ratio (wall) | ratio (CPU time) "
+          "| per-round wall ratio p25-p75 |")
+    print("|---|---|---|---|---|---|")
+    print(ratio_row("`run_step` replay `off` with `routing_share` vs without", share.samples, off.samples))
+    print("\nWhere the time goes (wall medians over the timed rounds, ms):\n")
+    print("| phase | off | off, routing share |")
+    print("|---|---|---|")
+    for name in off.phases[0]:
+        print(f"| {name} | {med([p[name] for p in off.phases]) * 1e3:.1f} | "
+              f"{med([p[name] for p in share.phases]) * 1e3:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -492,6 +541,8 @@ def main() -> None:
     parser.add_argument("--trl-optim", default="adamw_torch_fused",
                         help="TRL's optim (default: fused AdamW, like moestab; 'adamw_torch' = per-tensor)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one moestab step (replay off)")
+    parser.add_argument("--routing-share-only", action="store_true",
+                        help="time only replay off with vs without routing_share (no TRL, no micro-benchmarks)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.micro_rounds = 3, 5
@@ -516,6 +567,9 @@ def main() -> None:
         policy_path = str(save_policy(model, tokenizer, Path(tmp) / "policy"))
         setup = Setup(policy_path=policy_path, task=task, prompts=args.prompts, group=args.group,
                       minibatches=args.minibatches, max_new_tokens=args.max_new_tokens or task.max_answer_chars + 1)
+        if args.routing_share_only:
+            report_share(run_share_rounds(setup, args.rounds), setup, args.rounds)
+            return
         train = run_train_rounds(setup, args.rounds, args.trl_optim, str(Path(tmp) / "trl"))
         micro = interleave(micro_contenders(setup), args.micro_rounds)
         threads_seen = torch.get_num_threads()
@@ -550,6 +604,7 @@ def main() -> None:
         ("`run_step` replay `old` (R2) vs `off`", train.moestab["old"].samples, off.samples),
         ("`run_step` replay `rollout` (R3) vs `off`", train.moestab["rollout"].samples, off.samples),
         ("`run_step` replay `rollout-gates` (TRR) vs `off`", train.moestab["rollout-gates"].samples, off.samples),
+        ("`run_step` replay `off` with `routing_share` vs without", train.moestab[SHARE].samples, off.samples),
         (f"`policy_forward` no grad, `record=True` vs `False` ({mb_rows} seqs)", micro["fwd_rec"], micro["fwd_plain"]),
         (f"`policy_forward` + backward, `record=True` vs `False` ({mb_rows} seqs)",
          micro["fwdbwd_rec"], micro["fwdbwd_plain"]),

@@ -15,8 +15,11 @@ in code, a moestab task's prompts and reward, ``prompts x group`` sequences per 
 optimizer steps per generation (``steps_per_generation = minibatches``, ``gradient_accumulation_steps=1``, so TRL
 computes pi_old in a no-grad forward), ``loss_type="grpo"``, CPU float32, no gradient checkpointing, no logging.
 
+``--routing-share`` records with ``RecordSettings(routing_share=True)`` (one more no-grad forward of each
+micro-batch, with pi_old's routes replayed, in the recorded cycles).
+
 Usage: .venv/bin/python bench/bench_trl_callback.py [--pairs 10] [--threads 1] [--task arithmetic] [--level token]
-       [--new-fraction 1.0]
+       [--new-fraction 1.0] [--routing-share]
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--new-fraction", type=float, default=1.0, help="RecordSettings.new_fraction (pi_new's share)")
+    p.add_argument("--routing-share", action="store_true", help="RecordSettings.routing_share")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
@@ -120,7 +124,8 @@ def main() -> None:
         )
         trainer = MoestabGRPOTrainer(model=model, args=args, processing_class=tokenizer, reward_funcs=reward,
                                      train_dataset=data, moestab=RecordSettings(Path(tmp) / "run", every=2,
-                                                                             new_fraction=a.new_fraction))
+                                                                             new_fraction=a.new_fraction,
+                                                                             routing_share=a.routing_share))
         trainer.remove_callback(PrinterCallback)
         cycle_clock, finish_clock = CycleClock(a.minibatches), FinishClock(a.minibatches)
         trainer.callback_handler.callbacks.insert(0, finish_clock)  # before the records' on_step_end
@@ -132,7 +137,7 @@ def main() -> None:
     finishing = [end - mark for end, mark in zip(cycle_clock.ends, finish_clock.marks, strict=True)][2::2]
     print(f"task {a.task}, level {a.level}: {a.prompts} prompts x {a.group} = {a.prompts * a.group} sequences, "
           f"{a.minibatches} optimizer steps per generation, max {max_new} new tokens, {a.threads} torch thread(s), "
-          f"new_fraction {a.new_fraction}; "
+          f"new_fraction {a.new_fraction}, routing_share {a.routing_share}; "
           f"{len(recorded)} recorded / {len(plain)} plain cycles timed, {steps} steps written")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}")
     for name, k in (("wall", 0), ("cpu", 1)):

@@ -17,7 +17,11 @@
 # `|y|`. This notebook measures both on `sort:length=L` (responses of exactly L + 1 tokens) for L = 4 to 32: one
 # RL step (4 updates, lr 2e-4) from each length's warm-started base, with GSPO and with GRPO, reading
 # `ratio/seq_log_var` and `ratio/token_log_var` from the step's metrics (`moestab.probes.step_volatility`).
-# Claim checked (docs/findings.md): **6**.
+# Because each length has its own base, the per-token variance `Var(log w)` differs between lengths too, so the
+# independent-token prediction is checked at each length on its own: `|y| Var(log s) / Var(log w)`
+# (`moestab.analysis.ratios.independence_ratio`) is 1 when a response's token log-ratios are independent, above 1
+# when they move together, below 1 when they cancel. Claims checked (docs/findings.md): **6**; and, for **1**,
+# GSPO's and GRPO's clip fractions (minibatches 2-4) at each length.
 
 # %% tags=["parameters"]
 SIZE = "full"  # "smoke": untrained policies, 2 lengths, 1 seed; "full": docs/findings.md
@@ -26,12 +30,13 @@ SIZE = "full"  # "smoke": untrained policies, 2 lengths, 1 seed; "full": docs/fi
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from moestab.analysis.ratios import independence_ratio, log_log_slope, product_log_var
 from moestab.experiments.figures import plot_mean_sd
+from moestab.experiments.findings import show_findings
 from moestab.probes.one_step import StepRecipe
 from moestab.probes.step_volatility import step_volatility
 from moestab.tasks import task_from_spec
@@ -58,11 +63,15 @@ for length in P["lengths"]:
             recipe = StepRecipe(task=task_from_spec(task), algo=algo, seed=seed)
             table = step_volatility(model, tokenizer, recipe, lrs=[2e-4], minibatch_counts=[4])["step_volatility"]
             rows.append({"length": length, "tokens": length + 1, "seed": seed, "algo": algo,
-                         **table.iloc[0][["ratio_seq_log_var", "ratio_token_log_var", "reward_mean"]].to_dict()})
+                         **table.iloc[0][["ratio_seq_log_var", "ratio_token_log_var", "clip_token_frac",
+                                          "clip_token_frac_later", "reward_mean"]].to_dict()})
 variance = pd.DataFrame(rows)
 # A fixed response length |y| = L + 1: log prod = |y| log s, so Var(log prod) = |y|^2 Var(log s).
-variance["ratio_product_log_var"] = variance.tokens ** 2 * variance.ratio_seq_log_var
-variance.groupby(["algo", "tokens"])[["ratio_token_log_var", "ratio_seq_log_var", "ratio_product_log_var"]].mean()
+variance["ratio_product_log_var"] = product_log_var(variance.ratio_seq_log_var, variance.tokens)
+variance["independence_ratio"] = independence_ratio(variance.ratio_seq_log_var, variance.ratio_token_log_var,
+                                                    variance.tokens)
+VARIANCES = ["ratio_token_log_var", "ratio_seq_log_var", "ratio_product_log_var", "independence_ratio"]
+variance.groupby(["algo", "tokens"])[VARIANCES].agg(["mean", "std"]).round(4)
 
 # %%
 fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -78,16 +87,47 @@ fig.tight_layout()
 
 # %% [markdown]
 # Slopes of log-variance against log |y| (least squares over lengths, seed means): -1 is the independent-token
-# prediction for `Var(log s)`, +1 for `Var(log prod)`.
+# prediction for `Var(log s)`, +1 for `Var(log prod)`, *if* `Var(log w)` were the same at every length. It is not
+# (each length is its own base), so the per-length `independence_ratio` (seed means below) is the reading: 1 at a
+# length means `Var(log s) = Var(log w) / |y|` holds there.
 
 # %%
-slopes = []
+slopes, found = [], {"length.seeds": len(P["seeds"])}
 for algo, rows_ in variance.groupby("algo"):
-    means = rows_.groupby("tokens")[["ratio_seq_log_var", "ratio_product_log_var", "ratio_token_log_var"]].mean()
-    x = np.log(means.index.to_numpy(dtype=float))
-    fit = {c: np.polyfit(x, np.log(means[c].to_numpy()), 1)[0] if len(x) > 1 else np.nan for c in means}
+    means = rows_.groupby("tokens")[VARIANCES].mean()
+    fit = {c: log_log_slope(means.index, means[c]) for c in VARIANCES[:3]}
     slopes.append({"algo": algo, **{f"slope {c}": v for c, v in fit.items()}})
+    found |= {f"length.{algo}_slope_seq_log_var": fit["ratio_seq_log_var"],
+              f"length.{algo}_slope_product_log_var": fit["ratio_product_log_var"],
+              f"length.{algo}_slope_token_log_var": fit["ratio_token_log_var"]}
+    for tokens, row in means.iterrows():
+        found |= {f"length.{algo}_token_log_var_{tokens}": row.ratio_token_log_var,
+                  f"length.{algo}_seq_log_var_{tokens}": row.ratio_seq_log_var,
+                  f"length.{algo}_product_log_var_{tokens}": row.ratio_product_log_var,
+                  f"length.{algo}_independence_ratio_{tokens}": row.independence_ratio}
+show_findings(found)
 pd.DataFrame(slopes)
+
+# %% [markdown]
+# **Claim 1 at each length**: GSPO's and GRPO's clipped shares of tokens over minibatches 2-4 (the updates whose
+# ratio can move; `clip/token_frac_later`), seed means, and their ratio. Both at their presets' clip ranges, from
+# the same base and the same rollout.
+
+# %%
+clip = variance.pivot_table(index="tokens", columns="algo", values="clip_token_frac_later", aggfunc="mean")
+if {"gspo", "grpo"} <= set(clip.columns):
+    clip["gspo / grpo"] = clip.gspo / clip.grpo  # ratio of the seed means
+    by_seed = variance.pivot_table(index=["tokens", "seed"], columns="algo", values="clip_token_frac_later")
+    per_seed_ratio = (by_seed.gspo / by_seed.grpo).groupby("tokens")
+    clip["per-seed ratio mean"], clip["per-seed ratio sd"] = per_seed_ratio.mean(), per_seed_ratio.std()
+    found = {}
+    for tokens, row in clip.iterrows():
+        found |= {f"length.clip_gspo_{tokens}": row.gspo, f"length.clip_grpo_{tokens}": row.grpo,
+                  f"length.clip_ratio_{tokens}": row["gspo / grpo"],
+                  f"length.clip_ratio_seed_mean_{tokens}": row["per-seed ratio mean"],
+                  f"length.clip_ratio_seed_sd_{tokens}": row["per-seed ratio sd"]}
+    show_findings(found)
+clip
 
 # %% [markdown]
 # ## Reading

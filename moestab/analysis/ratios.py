@@ -149,3 +149,41 @@ def variance_by_length(tokens: pd.DataFrame, edges: Sequence[int] = DEFAULT_LENG
         sequences="size", mean_log_s="mean", var_log_s=lambda x: x.var(ddof=0)
     )
     return token_part.join(seq_part, how="outer").reset_index()
+
+
+def product_log_var(seq_log_var: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
+    """``Var(log prod_t w_t)`` of responses of exactly ``tokens`` tokens, from ``Var(log s)``: the product's log is
+    ``|y| log s``, so its variance is ``|y|^2 Var(log s)`` (what a sequence ratio without GSPO's length
+    normalisation would spread by). Broadcast, float64."""
+    return np.asarray(tokens, dtype=np.float64) ** 2 * np.asarray(seq_log_var, dtype=np.float64)
+
+
+def independence_ratio(
+    seq_log_var: np.ndarray | float, token_log_var: np.ndarray | float, tokens: np.ndarray | float
+) -> np.ndarray:
+    """``|y| Var(log s) / Var(log w)`` for responses of exactly ``tokens`` tokens (broadcast, float64; NaN where
+    ``Var(log w)`` is 0).
+
+    If a response's token log-ratios were independent with the variance of all tokens, ``Var(log s)`` would be
+    ``Var(log w) / |y|`` (GSPO §4's argument) and the ratio 1. Above 1, a response's token log-ratios move together
+    (positively correlated: the sequence ratio spreads more than independence predicts); below 1, they partly
+    cancel. Reading it per length, rather than a log-log slope of ``Var(log s)`` alone, keeps a change of the
+    per-token variance between lengths from passing for a change of correlation.
+    """
+    seq = np.asarray(seq_log_var, dtype=np.float64)
+    tok = np.asarray(token_log_var, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tok > 0, np.asarray(tokens, dtype=np.float64) * seq / np.where(tok > 0, tok, 1.0), np.nan)
+
+
+def log_log_slope(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Least-squares slope of ``log y`` against ``log x`` (the exponent of a power law ``y ~ x^slope``); NaN with
+    fewer than two distinct ``x``. Every value must be > 0."""
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if xs.shape != ys.shape or xs.ndim != 1:
+        raise ValueError(f"x and y must be 1-d of one length, got {xs.shape} and {ys.shape}")
+    if np.any(xs <= 0) or np.any(ys <= 0):
+        raise ValueError("log_log_slope needs positive x and y")
+    if np.unique(xs).size < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])

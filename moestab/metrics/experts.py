@@ -4,7 +4,8 @@ A decision (token, layer) with any -1 is left out of that layer's counts. Defini
 
 - load of expert ``e`` in a layer: share of the layer's routed slots that chose ``e``
   (docs/metrics.md ``experts/load``); load entropy ``-sum_e p_e ln p_e`` in nats (``ln E`` when
-  uniform); ``max_over_mean`` = ``max_e N_e / mean_e N_e``; dead experts were never chosen.
+  uniform); ``max_over_mean`` = ``max_e N_e / mean_e N_e``; dead experts were never chosen; ``max_vio`` =
+  ``(max_e N_e - mean_e N_e) / mean_e N_e`` (prime-rl's load violation, :func:`max_violation`).
 - co-activation (OLMoE arXiv 2409.02060): ``C[i, j] = N(i and j both chosen) / N(i)`` over the
   decisions of one layer; ``C[i, i] = 1`` for a chosen expert; a row is NaN for an unchosen ``i``.
 """
@@ -78,6 +79,22 @@ def load_stats(counts: np.ndarray, layers: Sequence[int] | None = None) -> pd.Da
             "dead_experts": (counts == 0).sum(axis=1).astype(np.int64),
         }
     )
+
+
+def max_violation(counts: np.ndarray) -> np.ndarray:
+    """prime-rl's ``max_vio`` per layer of expert counts ``[layers, experts]``: ``(max_e N_e - mean_e N_e) /
+    mean_e N_e`` = ``max_over_mean - 1`` (0 when the load is uniform; NaN for a layer with no routed slot).
+
+    prime-rl (``get_load_balance_stats``) by default first drops the ``top_k`` most loaded experts of each layer, to
+    keep its padding tokens (routed like any token) out; moestab's counts hold no padding (-1 is never counted), so
+    this is its ``try_to_avoid_padding_experts=False`` form.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.ndim != 2:
+        raise ValueError(f"counts must be [layers, experts], got shape {counts.shape}")
+    mean = counts.mean(axis=1)  # [layers]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (counts.max(axis=1) - mean) / mean
 
 
 def coactivation_counts(routes: np.ndarray, num_experts: int, layer: int) -> np.ndarray:

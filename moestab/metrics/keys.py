@@ -50,6 +50,8 @@ RSPO = "rspo"
 ROUTER_AUX = "router aux"
 EVAL = "eval"
 ROUTING_SHARE = "routing share"
+DIAGNOSTICS = "diagnostics"
+REPLAYED = "replayed"
 CONDITIONS: dict[str, str] = {
     PHASE_TIMES: "the trainer times its rollout and its updates apart (`moestab train`)",
     REWARDS: "the trainer knows each sequence's reward and correctness (`moestab train`; TRL's micro-batches hold "
@@ -63,14 +65,20 @@ CONDITIONS: dict[str, str] = {
     RSPO: "the `rspo` objective",
     ROUTER_AUX: "`--router-aux-loss-coef > 0`",
     EVAL: "an eval step (`--eval-every`, and the last step)",
-    ROUTING_SHARE: "`--routing-share` (`moestab train`: one more no-grad forward per minibatch; off by default; "
-                   "TRL does not measure it)",
+    ROUTING_SHARE: "`--routing-share` (`moestab train`: one more no-grad forward per minibatch; the TRL "
+                   "integration: `RecordSettings(routing_share=True)`, one per micro-batch; off by default in both)",
+    REPLAYED: "the updates replay routes (`--routing-replay old`, `rollout` or `rollout-gates`)",
+    DIAGNOSTICS: "the step was written by the diagnostics call for any trainer (`moestab.recording.diagnostics`, "
+                 "docs/integrations.md): another framework's rollout and trainer routes, no `moestab train` step",
 }
 """Every condition a row may name, with what turns it on."""
 MOESTAB_TRAIN = frozenset({PHASE_TIMES, REWARDS, UPDATES, TOKEN_ENTROPY, ROUTER_STATS})
 """The conditions every ``moestab train`` step meets (add the run's settings: :data:`OVERLONG`, :data:`EVAL`, ...)."""
 TRL = frozenset({TOKEN_ENTROPY, ROUTER_STATS})
 """The conditions every step of the TRL integration (``moestab.integrations.trl``) meets."""
+FOREIGN = frozenset({DIAGNOSTICS})
+"""The conditions a step of the diagnostics call (:mod:`moestab.recording.diagnostics`) meets; it writes the keys of
+the quantities it was given (routes always; log-probs, expert counts, routing confidence when passed)."""
 
 # ---- docs/metrics.md sections, in order: (title, text under the title) ------------------------------------------
 SECTIONS: dict[str, tuple[str, str]] = {
@@ -105,7 +113,9 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "R3 removes. Variances are population ones over the response tokens, as `ratio/token_log_var`; the clip "
         "fractions are the objective's own clip rule (`clip/token_frac`'s definition) evaluated on each log-ratio, "
         "every other loss input as in the update. On the replayed side under R2 / R3 / TRR (the free side under "
-        "`off`) the numbers are `ratio/token_log_var` and `clip/token_frac` themselves.",
+        "`off`) the numbers are `ratio/token_log_var` and `clip/token_frac` themselves. The TRL integration "
+        "(`RecordSettings(routing_share=True)`) measures the same per micro-batch: TRL's loss forward routes freely "
+        "and the extra forward replays the routes of TRL's pi_old forward, as under `off`.",
     ),
     "experts": ("Experts (`moestab.metrics.experts`)", ""),
 }
@@ -170,6 +180,7 @@ def _row(pattern: str, kind: str, function: str, definition: str, section: str =
 
 _METRICS = "moestab.recording.step_metrics"
 _STEP = "moestab.train.step"
+_DIAG = "moestab.recording.diagnostics.route_diagnostics"
 
 # ---- the table, in metrics.jsonl's order --------------------------------------------------------------------------
 STEP = _row("step", INT, "moestab.recording.recorder.write_step_metrics", "1-based step", computed=False)
@@ -245,16 +256,40 @@ ROUTING_TOKEN_FLIP = _row("routing/{pair}/token_flip", FLOAT, f"{_METRICS}.routi
                           ">= 1 flipped layer (R3's \"tokens\")", "routing", over=ROUTE_METRIC_PAIRS)
 ROUTING_CHANGED_BY_LAYER = _row("routing/{pair}/changed_by_layer", PER_LAYER, f"{_METRICS}.routing_metrics",
                                 "`changed` per MoE layer", "routing", over=ROUTE_METRIC_PAIRS)
+ROUTING_ROUTER_FLIP_BY_LAYER = _row("routing/{pair}/router_flip_by_layer", PER_LAYER, _DIAG, "`router_flip` per MoE "
+                                    "layer", "routing", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
+                                    computed=False)
 ROUTING_UPDATE_DRIFT = _row("routing/update_old/changed_by_minibatch", PER_MINIBATCH, f"{_METRICS}.drift_metrics",
                             "`changed` between the update forward's free routes and pi_old's, per minibatch index "
                             "(null for an empty one); null under R2/R3/TRR (the update forward does not choose its "
                             "routes)", "routing")
+ROUTING_REPLACE_RATE = _row("routing/replay_replace_rate", FLOAT, f"{_METRICS}.replay_metrics", "share of the "
+                            "replayed expert slots the updates did not use: `changed` between the update forwards' "
+                            "routes and the routes they replayed (those of `logp_old`); 0 for plain replay, the share "
+                            "refilled under `--replay-score-ratio` (prime-rl's `router_replay_replace_rate`)",
+                            "routing", when=(REPLAYED,))
 MISMATCH_K1 = _row("mismatch/{pair}/k1", FLOAT, f"{_METRICS}.mismatch_metrics", "`mean(-d)`, nats per token",
                    "mismatch", over=tuple(schema.LOGP_PAIRS))
 MISMATCH_K3 = _row("mismatch/{pair}/k3", FLOAT, f"{_METRICS}.mismatch_metrics", "`mean(exp(d) - 1 - d)` (>= 0 per "
                    "token), nats per token", "mismatch", over=tuple(schema.LOGP_PAIRS))
 MISMATCH_F2 = _row("mismatch/{pair}/f2", FLOAT, f"{_METRICS}.mismatch_metrics", "F(2) = `mean(|d| > ln 2)`: share "
                    "of tokens whose probability ratio is outside [1/2, 2]", "mismatch", over=tuple(schema.LOGP_PAIRS))
+MISMATCH_ABS_D = _row("mismatch/{pair}/abs_d", FLOAT, _DIAG, "`mean(|d|)`, nats per token", "mismatch",
+                      when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS), computed=False)
+MISMATCH_SQ_D = _row("mismatch/{pair}/sq_d", FLOAT, _DIAG, "`mean(d^2)`, nats^2 per token", "mismatch",
+                     when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS), computed=False)
+MISMATCH_F5 = _row("mismatch/{pair}/f5", FLOAT, _DIAG, "F(5) = `mean(|d| > ln 5)`: share of tokens whose probability "
+                   "ratio is outside [1/5, 5]", "mismatch", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
+                   computed=False)
+MISMATCH_PROB_DIFF_MEAN = _row("mismatch/{pair}/prob_diff_mean", FLOAT, _DIAG, "mean of `|exp(log pi_trainer) - "
+                               "exp(log mu_rollout)|` over tokens", "mismatch", when=(DIAGNOSTICS,),
+                               over=tuple(schema.LOGP_PAIRS), computed=False)
+MISMATCH_PROB_DIFF_MAX = _row("mismatch/{pair}/prob_diff_max", FLOAT, _DIAG, "max of the token probability "
+                              "difference", "mismatch", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
+                              computed=False)
+MISMATCH_PROB_DIFF_STD = _row("mismatch/{pair}/prob_diff_std", FLOAT, _DIAG, "standard deviation (n - 1) of the "
+                              "token probability difference", "mismatch", when=(DIAGNOSTICS,),
+                              over=tuple(schema.LOGP_PAIRS), computed=False)
 RATIO_TOKEN_MIN = _row("ratio/token_min", FLOAT, f"{_METRICS}.ratio_metrics", "min of `w` over the step's tokens",
                        "ratios")
 RATIO_TOKEN_MAX = _row("ratio/token_max", FLOAT, f"{_METRICS}.ratio_metrics", "max of `w` over the step's tokens",
@@ -319,6 +354,9 @@ EXPERTS_CONFIDENCE = _row("experts/routing_confidence", PER_LAYER, f"{_METRICS}.
                           when=(ROUTER_STATS,))
 EXPERTS_CONFIDENCE_MEAN = _row("experts/routing_confidence_mean", FLOAT, f"{_METRICS}.expert_metrics",
                                "`experts/routing_confidence` over every layer", "experts", when=(ROUTER_STATS,))
+EXPERTS_MAX_VIO = _row("experts/max_vio", PER_LAYER, _DIAG, "load violation `(max_e N_e - mean_e N_e) / mean_e N_e` "
+                       "of the trainer's routes per layer (prime-rl's `max_vio` without its padding filter)", "experts",
+                       when=(DIAGNOSTICS,), computed=False)
 HISTORY_SKIPPED = _row("sampling/history_skipped", FLOAT, "moestab.train.history.SolvedPrompts.replace_solved",
                        "drawn prompts skipped because their last group was all correct", when=(HISTORY,),
                        computed=False)
@@ -333,6 +371,10 @@ ROUTE_CHANGE_KEYS = {"changed": ROUTING_CHANGED, "router_flip": ROUTING_ROUTER_F
 """Statistics of :func:`moestab.metrics.routes.route_change` -> their key patterns (field ``pair``)."""
 MISMATCH_KEYS = {"k1": MISMATCH_K1, "k3": MISMATCH_K3, "f2": MISMATCH_F2}
 """Statistics of :func:`moestab.metrics.mismatch.mismatch_stats` -> their key patterns (field ``pair``)."""
+SPREAD_KEYS = {"abs_d": MISMATCH_ABS_D, "sq_d": MISMATCH_SQ_D, "f5": MISMATCH_F5,
+               "prob_diff_mean": MISMATCH_PROB_DIFF_MEAN, "prob_diff_max": MISMATCH_PROB_DIFF_MAX,
+               "prob_diff_std": MISMATCH_PROB_DIFF_STD}
+"""Statistics of :func:`moestab.metrics.mismatch.mismatch_spread` -> their key patterns (field ``pair``)."""
 CLIP_KEYS = {"token_frac": CLIP_TOKEN_FRAC, "seq_frac": CLIP_SEQ_FRAC, "token_frac_later": CLIP_TOKEN_FRAC_LATER,
              "seq_frac_later": CLIP_SEQ_FRAC_LATER}
 """Statistics of :func:`moestab.metrics.ratios.clip_fractions` -> their keys."""
@@ -342,6 +384,40 @@ ROUTING_SHARE_KEYS = {"var_share": ROUTING_SHARE_VAR, "log_var_free": ROUTING_SH
                       "abs_log_w_replayed": ROUTING_SHARE_ABS_REPLAYED}
 """Statistics of :func:`moestab.metrics.routing_share.routing_share` -> their step keys (per minibatch:
 :data:`ROUTING_SHARE_BY_MINIBATCH` with field ``stat``)."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Another RL framework's name for a moestab key: the same number under the name its users log."""
+
+    name: str
+    """The framework's metric name."""
+    framework: str
+    """Who logs it (and where it is defined)."""
+    pattern: str
+    """The moestab key (pattern, field ``pair`` for the log-prob pairs)."""
+    note: str = ""
+    """How the two differ, if at all."""
+
+
+ALIASES: tuple[Alias, ...] = (
+    Alias("rollout_train_k3_kl", "AReaL (PR #1496)", MISMATCH_K3),
+    Alias("logp_abs_diff", "AReaL (PR #1496)", MISMATCH_ABS_D),
+    Alias("logp_sq_diff", "AReaL (PR #1496)", MISMATCH_SQ_D),
+    Alias("extreme_frac_tau2", "AReaL (PR #1496)", MISMATCH_F2),
+    Alias("extreme_frac_tau5", "AReaL (PR #1496)", MISMATCH_F5, "`|d| > ln 5`, by analogy with tau2"),
+    Alias("training/rollout_probs_diff_mean", "verl (`verl.utils.debug.metrics`)", MISMATCH_PROB_DIFF_MEAN),
+    Alias("training/rollout_probs_diff_max", "verl (`verl.utils.debug.metrics`)", MISMATCH_PROB_DIFF_MAX),
+    Alias("training/rollout_probs_diff_std", "verl (`verl.utils.debug.metrics`)", MISMATCH_PROB_DIFF_STD),
+    Alias("max_vio", "prime-rl (`get_load_balance_stats`)", EXPERTS_MAX_VIO, "per layer; prime-rl drops the top_k "
+          "most loaded experts first by default (its padding tokens), moestab counts no padding"),
+    Alias("routing_confidence", "prime-rl (`get_load_balance_stats`)", EXPERTS_CONFIDENCE,
+          "per layer, the trainer's router"),
+    Alias("router_replay_replace_rate", "prime-rl (PR #2703)", ROUTING_REPLACE_RATE, "prime-rl counts every replayed "
+          "position; moestab the positions that score response tokens"),
+)
+"""Framework names of moestab keys: ``route_diagnostics(..., aliases=True)`` adds them to the dict it returns (never to
+metrics.jsonl); docs/metrics.md lists them."""
 
 
 def _ratio_keys(level: str, minimum: str, maximum: str, quantile: str, log_var: str) -> dict[str, str]:
@@ -418,6 +494,12 @@ def markdown() -> str:
             cells = (", ".join(f"`{key}`" for key in row.keys), row.kind, ", ".join(row.when) or "always",
                      f"`{row.function}`" if row.computed else f"trainer: `{row.function}`", row.definition)
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += ["", "### Other frameworks' names (aliases)", "",
+              "The diagnostics call for any trainer (`moestab.recording.diagnostics.route_diagnostics(..., "
+              "aliases=True)`) also returns these names of the same numbers, for a trainer's own logger; metrics.jsonl "
+              "holds only moestab's keys (`{pair}` is the call's log-prob pair):", "",
+              "| name | framework | moestab key | note |", "|---|---|---|---|"]
+    lines += [f"| `{a.name}` | {a.framework} | `{a.pattern}` | {a.note} |" for a in ALIASES]
     return "\n".join(lines) + "\n"
 
 

@@ -305,8 +305,46 @@ def route_change(
     """
     group = np.zeros(inter.shape[0], np.intp) if groups is None else np.asarray(groups, np.intp)
     hist, totals = aggregate_intersections(inter, group, n_groups, top_k)  # [g, layers, k + 2], [g, 4]
+    return _change_and_by_layer(hist, totals, top_k)
+
+
+def _change_and_by_layer(hist: np.ndarray, totals: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
+    """:func:`change_rates` of the counts of :func:`aggregate_intersections`, with the per-layer ``changed`` and
+    ``router_flip`` as ``changed_by_layer`` / ``router_flip_by_layer``."""
     out = change_rates(hist.sum(axis=1), top_k, totals)
     by_layer = change_rates(hist, top_k)
     out["changed_by_layer"] = by_layer["changed"]
     out["router_flip_by_layer"] = by_layer["router_flip"]
     return out
+
+
+CHUNK_DECISIONS = 1 << 19
+"""Decisions per chunk of :func:`route_change_of` (its overlaps, one byte each, stay in L2 for the aggregation)."""
+
+
+def route_change_of(
+    routes_a: np.ndarray, routes_b: np.ndarray, *, threads: int | None = None, chunk_tokens: int | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`route_change` of :func:`intersection_sizes` of two route sets ``[tokens, layers, top_k]`` (one group),
+    computed chunk by chunk of ``chunk_tokens`` tokens (default: :data:`CHUNK_DECISIONS` decisions): each chunk's
+    overlaps are aggregated by :func:`aggregate_intersections` while they are in cache, chunks run on ``threads``
+    threads, and the counts are summed. The same numbers as the two calls, without the ``[tokens, layers]`` array;
+    what a per-step diagnostics call uses (docs/benchmarks.md, "Diagnostics for any trainer")."""
+    a, b = check_pair(routes_a, routes_b)
+    tokens, layers, k = a.shape
+    chunk = chunk_tokens if chunk_tokens is not None else max(1, CHUNK_DECISIONS // max(layers, 1))
+    if chunk < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+
+    def run(start: int) -> tuple[np.ndarray, np.ndarray]:
+        stop = min(start + chunk, tokens)
+        inter = np.empty((stop - start) * layers, np.uint8)  # [c * layers]
+        intersect_into(a[start:stop], b[start:stop], inter, DEFAULT_BLOCK)
+        return aggregate_intersections(inter.reshape(stop - start, layers), np.zeros(stop - start, np.intp), 1, k)
+
+    hist = np.zeros((1, layers, k + 2), np.int64)  # [1, layers, k + 2]
+    totals = np.zeros((1, 4), np.int64)  # [1, 4]
+    for part_hist, part_totals in parallel_map(run, range(0, tokens, chunk), thread_workers(threads)):
+        hist += part_hist
+        totals += part_totals
+    return _change_and_by_layer(hist, totals, k)

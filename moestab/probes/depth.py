@@ -1,9 +1,13 @@
 """Routing volatility of one RL update against depth: embedded policies of each layer count, one step each.
 
-A change of routing in one layer changes the hidden states every later layer routes, so token flip (a token with
-at least one flipped layer) can grow with depth while router flip (the share of flipped routers) does not. Each
+Token flip (a token with at least one flipped layer) grows with depth at a constant router flip (the share of
+flipped routers): independent layers alone give ``1 - (1 - p)^L``; flips that fall on the same tokens (one
+layer's flip changing what later layers route) give less at the same ``p``. Each
 depth gets the embedded policy ``model`` with ``layers=N`` and runs one step with a single update
 (:mod:`moestab.probes.one_step`, minibatches = 1); ``depth_by_layer`` shows where in the stack the routes moved.
+Both flips are one update's (old->new) and, on the same tokens, the rollout engine's against the trainer's
+(rollout->trainer, in the recipe's ``rollout_dtype``); :mod:`moestab.analysis.depth` reads them against the
+independent-layer baseline ``1 - (1 - p)^L``.
 
 Starting weights, chosen by ``warm_start``:
 
@@ -39,9 +43,12 @@ from moestab.train.recipe import base_policy_path
 
 MAX_LAYERS = 64
 """Deepest policy the probe builds (a guard against typos such as 160 for 16)."""
-DEPTH_COLUMNS = ("old_new_changed", "old_new_router_flip", "old_new_token_flip", "reward_mean",
-                 "advantage_nonzero_frac", "grad_norm")
-"""Columns of ``STEP_COLUMNS`` the depth table keeps: with one update the ratio is 1 and nothing clips."""
+DEPTH_COLUMNS = ("old_new_changed", "old_new_router_flip", "old_new_token_flip", "rollout_old_router_flip",
+                 "rollout_old_token_flip", "reward_mean", "advantage_nonzero_frac", "grad_norm")
+"""Columns of ``STEP_COLUMNS`` the depth table keeps: with one update the ratio is 1 and nothing clips. The
+``rollout_old`` flips compare the rollout engine's routes with the trainer's pi_old on the same tokens: 0 up to
+float rounding when the engine runs the policy's own precision, the rollout->trainer gap R3 measures with a
+``StepRecipe(rollout_dtype="bfloat16")``."""
 
 
 def check_depth_settings(layers: Sequence[int], model: str) -> None:

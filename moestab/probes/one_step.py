@@ -30,7 +30,7 @@ from moestab.tasks import DEFAULT_TASK, Example, Task, task_from_spec
 from moestab.text import shown
 from moestab.train.config import TrainConfig
 from moestab.train.optim import build_optimizer
-from moestab.train.recipe import response_budget, step_settings
+from moestab.train.recipe import DTYPES, response_budget, step_settings
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, extra_examples, run_step, step_examples, step_seed
 
@@ -39,7 +39,8 @@ FIRST_STEP = 1
 
 STEP_COLUMNS: dict[str, str] = {
     # The names `moestab analyze` gives the same keys (SUMMARY_KEYS), so a probe row reads like a run's summary.
-    **{name: SUMMARY_KEYS[name] for name in ("old_new_changed", "old_new_router_flip", "old_new_token_flip")},
+    **{name: SUMMARY_KEYS[name] for name in ("old_new_changed", "old_new_router_flip", "old_new_token_flip",
+                                             "rollout_old_router_flip", "rollout_old_token_flip")},
     "ratio_token_log_var": keys.RATIO_TOKEN_LOG_VAR,
     "ratio_seq_log_var": keys.RATIO_SEQ_LOG_VAR,
     **{name: SUMMARY_KEYS[name] for name in ("clip_token_frac", "clip_token_frac_later")},
@@ -65,13 +66,17 @@ class StepRecipe:
     """``moestab train --seed``: the step's prompts, sampling and minibatch split."""
     max_new_tokens: int | None = None
     """Response cap; default: the task's longest answer plus the end-of-sequence token (as ``moestab train``)."""
+    rollout_dtype: str | None = None
+    """Precision the rollout engine samples in (``moestab train --rollout-dtype``, e.g. ``"bfloat16"`` for a
+    production-like rollout->trainer gap); default: the policy's own."""
 
     def step_settings(self, minibatches: int) -> StepSettings:
         """The step's settings with ``minibatches`` updates, resolved as ``moestab train`` resolves them."""
         try:
             config = TrainConfig(algo=self.algo, task=self.task.spec, prompts_per_step=self.prompts,
                                  group_size=self.group_size, minibatches=minibatches, routing_replay="off",
-                                 max_new_tokens=self.max_new_tokens, seed=self.seed, progress=False)
+                                 max_new_tokens=self.max_new_tokens, rollout_dtype=self.rollout_dtype,
+                                 seed=self.seed, progress=False)
             return step_settings(config, response_budget(config, self.task))
         except ConfigError as exc:  # e.g. a minibatch count that does not divide the batch, with the valid ones
             raise ProbeError(str(exc)) from None
@@ -125,7 +130,8 @@ def one_step(
     torch.manual_seed(seed)  # the rollout samples from the global generator, as the loop seeds each step
     metrics, _ = run_step(
         model=model, optimizer=build_optimizer(model.parameters(), lr=lr, weight_decay=TrainConfig.weight_decay),
-        engine=HFRolloutEngine(model, tokenizer), task=recipe.task, settings=settings, examples=recipe.examples(),
+        engine=HFRolloutEngine(model, tokenizer, dtype=DTYPES[recipe.rollout_dtype] if recipe.rollout_dtype else None),
+        task=recipe.task, settings=settings, examples=recipe.examples(),
         generator=torch.Generator().manual_seed(seed),
         draw_more=extra_examples(recipe.task, recipe.prompts, recipe.seed, FIRST_STEP),
     )

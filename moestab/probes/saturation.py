@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from moestab.analysis.saturation import router_saturation
+from moestab.analysis.saturation import pairwise_saturation, router_saturation
 from moestab.probes.checkpoints import Checkpoint, check_same_architecture, load_checkpoint
 from moestab.probes.collect import collect
 from moestab.probes.compare import check_same_tokens
@@ -35,3 +35,24 @@ def saturation(
         frames.append(frame)
         del model
     return pd.concat(frames, ignore_index=True)
+
+
+def saturation_pairs(
+    checkpoints: Sequence[Checkpoint], texts: Sequence[str], steps: Sequence[int], *, dtype: str = "float32",
+    batch_size: int = 16, max_tokens: int | None = None, device: str = "cpu",
+) -> pd.DataFrame:
+    """Saturation of every pair of ``checkpoints`` (at training ``steps``, one each) on the same suite tokens, per
+    layer (:func:`moestab.analysis.saturation.pairwise_saturation`): what
+    :func:`moestab.analysis.saturation.proximity_null` reads saturation against the final checkpoint against.
+    Each checkpoint is run once."""
+    if len(checkpoints) != len(steps):
+        raise ProbeError(f"give one step per checkpoint: {len(checkpoints)} checkpoints, {len(steps)} steps")
+    records, first = [], None
+    for checkpoint in checkpoints:
+        model, tok = load_checkpoint(checkpoint, dtype=dtype, device=device)
+        if first is None:
+            first = (checkpoint.label, model)
+        check_same_architecture(first, (checkpoint.label, model))
+        records.append(collect(model, tok, texts, batch_size=batch_size, max_tokens=max_tokens))
+        check_same_tokens(records[0], records[-1])
+    return pairwise_saturation([r.routes for r in records], steps, layers=records[0].layers if records else None)

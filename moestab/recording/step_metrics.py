@@ -179,6 +179,14 @@ def drift_metrics(v: StepView) -> dict[str, object]:
     return {keys.ROUTING_UPDATE_DRIFT: by_mb}  # NaN (-> null) for an empty minibatch
 
 
+def replay_metrics(v: StepView) -> dict[str, float]:
+    """Under routing replay, the share of replayed slots the update forwards replaced (score-threshold replay; 0 for
+    plain replay): the slot-level change between the routes they used and the routes they replayed (``update_old``)."""
+    if v.replay == "off":
+        return {}
+    return {keys.ROUTING_REPLACE_RATE: float(route_change(v.intersections("update_old"), v.top_k)["changed"][0])}
+
+
 def mismatch_metrics(v: StepView) -> dict[str, float]:
     """Rollout -> trainer log-prob mismatch of every pair of ``schema.LOGP_PAIRS``."""
     out: dict[str, float] = {}

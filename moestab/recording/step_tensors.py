@@ -40,7 +40,8 @@ class StepTensors:
     logp_update_counterfactual: torch.Tensor | None = None
     """``[B, T]`` the update weights' log-probs (before the minibatch's optimizer step) with the *other* routing than
     ``logp_update``'s: the routes that produced ``logp_old`` replayed when the update routed freely (replay ``off``),
-    free routing when it replayed (R2 / R3 / TRR). None when not measured (``--routing-share`` off; TRL)."""
+    free routing when it replayed (R2 / R3 / TRR). None when not measured (``--routing-share``, or the TRL
+    integration's ``RecordSettings.routing_share``, off)."""
     clipped_counterfactual: torch.Tensor | None = None
     """``[B, T]`` bool: the token's governing ratio would have been clipped with ``logp_update_counterfactual``
     (the loss's clip rule, every other input as in the update); None when not measured."""

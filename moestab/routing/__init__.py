@@ -4,7 +4,8 @@ Public API:
 
 - ``RoutingRecorder(model, ...)``: context manager; ``.routes`` after exit.
 - ``RoutingReplay(model, routes, force_gates=False)``: context manager forcing ``routes`` in every router
-  (with ``force_gates``, their recorded gate weights too: "Total Router Recall").
+  (with ``force_gates``, their recorded gate weights too: "Total Router Recall"; with ``score_ratio``, prime-rl's
+  score-threshold replay, ``moestab.routing.threshold``).
 - ``Routes``: ``indices [batch, seq, layers, top_k]`` int16 (-1 at padding) plus optional stats and gates.
 - ``router_parameters(model)``, ``freeze_routers(model)``: the routers' own parameters (``--freeze-router``).
 - ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support (docs/families.md); each router is

@@ -13,6 +13,7 @@ from moestab.routing.discovery import RouterSite, find_routers
 from moestab.routing.errors import RoutesMismatchError
 from moestab.routing.forward_call import read_forward_call
 from moestab.routing.routes import Routes
+from moestab.routing.threshold import router_scores, threshold_routes
 
 
 class RoutingReplay:
@@ -33,9 +34,20 @@ class RoutingReplay:
     per (micro)batch: ``with RoutingReplay(model, routes.select(rows)): model(...)``. The forced
     routes stay in place until the next forward, so activation-checkpoint recomputation in
     backward replays the same experts. KV-cached decoding is not supported.
+
+    ``score_ratio`` > 0 is score-threshold replay (prime-rl PR #2703, :mod:`moestab.routing.threshold`): a replayed
+    expert whose score under the current router is below ``score_ratio`` times the router's weakest own top-k score
+    is replaced by the router's own best expert not already used; :attr:`replace_rate` is the share of replayed slots
+    replaced, over the forwards inside the context. 0 (the default) is plain replay.
     """
 
-    def __init__(self, model: nn.Module, routes: Routes, *, force_gates: bool = False, verify: bool = True) -> None:
+    def __init__(self, model: nn.Module, routes: Routes, *, force_gates: bool = False, verify: bool = True,
+                 score_ratio: float = 0.0) -> None:
+        if not 0.0 <= score_ratio <= 1.0:
+            raise ValueError(f"score_ratio must be in [0, 1] (0: plain replay), got {score_ratio}")
+        if score_ratio and force_gates:
+            raise ValueError("score_ratio replaces experts whose recorded gates do not exist: it cannot be combined "
+                             "with force_gates")
         self.model = model
         self.sites: list[RouterSite] = find_routers(model, verify=verify)
         if model.training:
@@ -68,6 +80,8 @@ class RoutingReplay:
             _check_gates(routes)
         self.routes = routes
         self.force_gates = force_gates
+        self.score_ratio = float(score_ratio)
+        self._replayed = self._replaced = 0  # slots, summed over the forwards (tensors while inside)
         self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
         self._forced_gates: torch.Tensor | None = None  # [batch*seq, layers, top_k] float32, with force_gates
         self._handles: list[RemovableHandle] = []
@@ -76,6 +90,7 @@ class RoutingReplay:
         if self._handles:
             raise RuntimeError("RoutingReplay is already active")
         device = next(self.model.parameters()).device
+        self._replayed = self._replaced = torch.zeros((), dtype=torch.long, device=device)
         self._indices = self.routes.indices.to(device=device, dtype=torch.long)  # [batch, seq, layers, top_k]
         self._unrouted = (self._indices < 0).any(-1).any(-1)  # [batch, seq] positions without a route
         if self.force_gates:
@@ -91,6 +106,21 @@ class RoutingReplay:
             handle.remove()
         self._handles.clear()
         self._forced = self._forced_gates = None
+
+    @property
+    def replayed_slots(self) -> int:
+        """Replayed (token, layer, slot)s at real positions so far, with ``score_ratio`` > 0 (0 otherwise)."""
+        return int(self._replayed)
+
+    @property
+    def replaced_slots(self) -> int:
+        """Of :attr:`replayed_slots`, those the score threshold replaced."""
+        return int(self._replaced)
+
+    @property
+    def replace_rate(self) -> float:
+        """``replaced_slots / replayed_slots`` (prime-rl's ``router_replay_replace_rate``); NaN before any."""
+        return self.replaced_slots / self.replayed_slots if self.replayed_slots else float("nan")
 
     def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         call = read_forward_call(args, kwargs)
@@ -130,7 +160,14 @@ class RoutingReplay:
                     f"router {site.name} saw {own.shape[0]} tokens, routes cover {forced.shape[0]}"
                 )
             keep_own = forced[:, ordinal] < 0  # [N, top_k] padding: the router's own choice
-            chosen = torch.where(keep_own, own, forced[:, ordinal].to(own.dtype))  # [N, top_k]
+            replayed = forced[:, ordinal].to(own.dtype)  # [N, top_k]
+            if self.score_ratio:
+                with torch.no_grad():
+                    replayed, rejected = threshold_routes(router_scores(adapter, logits), own, replayed,
+                                                          self.score_ratio)
+                self._replayed = self._replayed + (~keep_own).sum()
+                self._replaced = self._replaced + rejected.sum()
+            chosen = torch.where(keep_own, own, replayed)  # [N, top_k]
             if self._forced_gates is None:
                 # Cast to the dtype the family hands its experts (e.g. float32 for Mixtral / DeepSeek-V3).
                 gates = adapter.gates(module, logits, chosen).to(own_gates.dtype)  # [N, top_k]

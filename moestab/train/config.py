@@ -48,6 +48,11 @@ class TrainConfig:
     the rollout engine's routes for the pi_old log-probs and the updates); rollout-gates (TRR, prime-rl's "Total
     Router Recall": as R3, with the rollout engine's gate weights as given too, so the router is frozen in the
     updates and learns nothing)."""
+    replay_score_ratio: float = 0.0
+    """Score-threshold replay (prime-rl PR #2703), with routing_replay old or rollout: in the updates a replayed expert
+    is kept only when the trainer's router scores it at least this ratio of its weakest own top-k score; rejected slots
+    take the router's own best experts (moestab.routing.threshold). In [0, 1]; 0 (default) is plain replay. The
+    share replaced is logged as routing/replay_replace_rate."""
     model: str = "embedded"
     """'embedded' (the built-in tiny Qwen3-MoE: 4 layers, 8 experts of FFN width 128, top-2, hidden 128, warm-started
     by a short supervised phase), a variant such as 'embedded:layers=8,experts=32,top_k=4,hidden=256' (keys layers,
@@ -260,6 +265,11 @@ class TrainConfig:
             raise ConfigError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if not 0 <= self.warm_start_target <= 1:
             raise ConfigError(f"warm_start_target must be in [0, 1], got {self.warm_start_target}")
+        check_finite("replay_score_ratio", self.replay_score_ratio, "in [0, 1]", lambda v: 0 <= v <= 1)
+        if self.replay_score_ratio and self.routing_replay not in ("old", "rollout"):
+            raise ConfigError(f"replay_score_ratio: a score threshold filters replayed experts, so it needs "
+                              f"routing_replay old or rollout (it keeps no recorded gates, so not rollout-gates); "
+                              f"got routing_replay {self.routing_replay}")
 
     def _check_gamma_min(self) -> None:
         """gamma_min: RSPO's only, in the loss's own range."""

@@ -32,6 +32,7 @@ def policy_forward(
     temperature: float,
     replay: Routes | None = None,
     force_gates: bool = False,
+    score_ratio: float = 0.0,
     record: bool = True,
     router_logprobs: bool = False,
     entropy: bool = False,
@@ -39,7 +40,8 @@ def policy_forward(
     aux_loss: bool = False,
 ) -> PolicyForward:
     """Log-probs of ``batch``'s responses under ``model``; routes forced to ``replay`` when given, and with
-    ``force_gates`` their recorded gate weights too (``RoutingReplay(force_gates=True)``: router frozen).
+    ``force_gates`` their recorded gate weights too (``RoutingReplay(force_gates=True)``: router frozen), and with
+    ``score_ratio`` > 0 filtered by the router's own scores (score-threshold replay, ``moestab.routing.threshold``).
 
     ``aux_loss`` also returns the model's own load-balancing loss (transformers' ``output_router_logits``);
     a family without one (DeepSeek-V3 balances with a bias instead) raises ``ValueError``.
@@ -53,7 +55,8 @@ def policy_forward(
     """
     with ExitStack() as stack:
         if replay is not None:
-            stack.enter_context(RoutingReplay(model, replay, force_gates=force_gates, verify=False))
+            stack.enter_context(RoutingReplay(model, replay, force_gates=force_gates, verify=False,
+                                              score_ratio=score_ratio))
         recorder = (
             stack.enter_context(
                 RoutingRecorder(model, margin=router_stats, entropy=router_stats, router_logprobs=router_logprobs,

@@ -8,6 +8,11 @@ Routing Replay modes (the ``replay`` setting):
 - ``rollout-gates`` (TRR, "Total Router Recall"): as R3, with the rollout engine's gate weights as given too
   (``RoutingReplay(force_gates=True)``): the router is frozen in those forwards.
 
+With ``replay_score_ratio`` > 0 (R2 / R3), the updates filter the replayed experts by the router's own scores
+(score-threshold replay, prime-rl PR #2703): the routes an update used, recorded as ``routes_update``, differ from
+the replayed ones in the slots it refilled (``routing/replay_replace_rate``). pi_old's replayed forward under R3
+replays plainly, so the replaced share is measured against the routes of ``logp_old``.
+
 Whatever the mode, the trainer's *free* routes under pi_old and, after the updates, under the new
 policy are recorded, so routing volatility is measured even when replay hides it from the loss.
 
@@ -72,6 +77,8 @@ class StepSettings:
     """DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts."""
     dynamic_sampling_rounds: int = 0
     """Budget of extra rollouts (each of as many prompts as the step) for dynamic sampling."""
+    replay_score_ratio: float = 0.0
+    """Score-threshold replay in the updates (``RoutingReplay(score_ratio=...)``); 0: plain replay."""
     routing_share: bool = False
     """Score each minibatch once more on its update's weights with the other routing (:func:`_counterfactual_logp`)
     for routing's share of the ratio (``routing_share/*``)."""
@@ -339,6 +346,7 @@ def _updates(
         fwd = policy_forward(
             model, batch.select(held), temperature=s.temperature,
             replay=None if replay_source is None else replay_source.select(held), force_gates=force_gates,
+            score_ratio=s.replay_score_ratio,
             router_logprobs=_needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
         )
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)

@@ -36,6 +36,12 @@ on exit. Per step:
   (TRL's own kwargs, under its autocast), so with no update in between old->new volatility is exactly 0. This is
   the recorder's main cost (docs/benchmarks.md): ``RecordSettings(new_fraction=f)`` re-runs only the first share
   ``f`` of pi_old's chunks (old->new is then measured on those sequences), ``every=N`` records every N-th step.
+- *routing's share of the ratio* (``RecordSettings(routing_share=True)``, off by default; ``routing_share/*``
+  keys): after each loss forward of the last pass, before its optimizer step, the same call again without grad on
+  the same weights with pi_old's routes replayed (``RoutingReplay``, outside the capture, random generators as the
+  loss forward found them and restored after): TRL's update routes freely, so this is the replayed side and the
+  loss forward the free side, as ``moestab train --routing-share`` under ``off``. When TRL computes no pi_old, pi_old
+  is the loss forward itself and its replayed side is that forward (no extra forward runs).
 - *clipped*: ``moestab.rl.compute_clipped_mask`` with TRL's ``epsilon``/``epsilon_high``,
   ``importance_sampling_level`` and advantages (``ppo-clip`` for grpo/bnpo/dr_grpo/dapo/luspo, ``cispo`` for
   cispo; cross-checked against TRL's loss in tests/rl/test_trl_crosscheck.py). TRL's ``delta``, entropy mask and

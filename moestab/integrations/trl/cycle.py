@@ -32,6 +32,9 @@ class LossStep:
     """TRL's micro-batch: ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ``advantages``
     and, when TRL computed pi_old, ``old_per_token_logps``."""
     call: ScoringCall
+    counterfactual: torch.Tensor | None = None
+    """``[b, L - 1]`` TRL's ``log_probs`` of the same call on the same weights with pi_old's routes replayed
+    (``RecordSettings.routing_share``; :func:`pi_old_routes`), or None when not measured."""
 
 
 @dataclass
@@ -193,10 +196,12 @@ def assemble(
     clip: ClipRule,
     group_size: int,
     decode: Callable[[torch.Tensor], list[str]],
+    routing_share: bool = False,
 ) -> StepTensors:
     """The cycle's ``StepTensors``. ``new_calls`` are pi_new's forwards, run after the cycle's last optimizer step on
     exactly the inputs of :func:`pi_old_calls`, in order: all of them, or the first few (the sequences of the others
-    then have no pi_new: routes -1, log-probs NaN)."""
+    then have no pi_new: routes -1, log-probs NaN). ``routing_share``: the last pass's loss steps carry their
+    counterfactual log-probs (``LossStep.counterfactual``), or TRL computed no pi_old and the update is its own."""
     gen = cycle.generation
     pool = rollout_ids(gen).cpu()  # [N, L]
     n, prompt_len = gen.prompt_ids.shape
@@ -227,6 +232,11 @@ def assemble(
     if not 0 < len(new_calls) <= len(old_calls):
         raise RecordingError(f"pi_new ran {len(new_calls)} forwards for pi_old's {len(old_calls)}")
     new = _policy(new_calls, old_rows[: len(new_calls)], n, prompt_len, partial=len(new_calls) < len(old_calls))
+    clipped = clip.mask(update.logp, old.logp, advantages, response_mask)  # [N, C]
+    counterfactual = clipped_counterfactual = None
+    if routing_share:
+        counterfactual = _counterfactual_logp(final, rows, n, prompt_len, update.logp, layout)  # [N, C]
+        clipped_counterfactual = clip.mask(counterfactual, old.logp, advantages, response_mask)  # [N, C]
 
     batch = RolloutBatch(
         input_ids=pool,
@@ -249,14 +259,45 @@ def assemble(
         logp_old_free=old.logp,  # TRL replays no routes: pi_old as used is the free one
         logp_update=update.logp,
         logp_new=new.logp,
-        clipped=clip.mask(update.logp, old.logp, advantages, response_mask),
+        clipped=clipped,
         routes_old=old.routes.indices,
         routes_old_free=old.routes,
         routes_update=update.routes.indices,
         routes_new=new.routes,
         entropy=old.entropy,  # [N, C]
+        logp_update_counterfactual=counterfactual,  # TRL's update routes freely: this is the replayed side
+        clipped_counterfactual=clipped_counterfactual,
     )
     return tensors
+
+
+def _counterfactual_logp(final: Sequence[tuple[int, LossStep]], rows: Sequence[torch.Tensor], n: int,
+                         prompt_len: int, update_logp: torch.Tensor, layout: CycleLayout) -> torch.Tensor:
+    """``[N, C]`` the update weights' log-probs with pi_old's routes replayed, in generation order. Without TRL's
+    pi_old forward, pi_old is the loss forward itself: replaying its routes is that forward, so ``update_logp``."""
+    if not layout.old_forward:
+        return update_logp
+    missing = [i for i, step in final if step.counterfactual is None]
+    if missing:
+        raise RecordingError(f"micro-steps {missing} of the last pass have no counterfactual forward")
+    return gather_rows([step.counterfactual[:, prompt_len - 1 :].float() for _, step in final], rows, n)
+
+
+def pi_old_routes(cycle: CycleRecord, layout: CycleLayout, input_ids: torch.Tensor) -> Routes:
+    """``[b, L, layers, k]`` the routes of TRL's pi_old forward for the rows of a micro-batch's loss forward
+    (``input_ids`` ``[b, L]``, matched by their tokens), on the forward's device: what ``RoutingReplay`` forces to
+    score the micro-batch with pi_old's routes. Only when TRL computed pi_old (``layout.old_forward``)."""
+    if not layout.old_forward:
+        raise RecordingError("TRL computed no pi_old forward: pi_old's routes are the loss forward's own")
+    calls = pi_old_calls(cycle, layout)
+    pool = torch.cat([c.input_ids for c in calls])  # [N, L]
+    if pool.shape[1] != input_ids.shape[1]:
+        raise RecordingError(f"TRL's pi_old forward fed {pool.shape[1]} positions, its loss forward "
+                             f"{input_ids.shape[1]}: pi_old's routes cannot be replayed on it")
+    (rows,) = match_rows(pool, [input_ids])
+    indices = torch.cat([c.routes.indices for c in calls])  # [N, L, layers, k]
+    first = calls[0].routes
+    return Routes(indices=indices[rows.to(indices.device)], layers=first.layers, num_experts=first.num_experts)
 
 
 def pi_old_calls(cycle: CycleRecord, layout: CycleLayout) -> list[ScoringCall]:

@@ -36,6 +36,13 @@ class RecordSettings:
     ``logp_new`` NaN), so old->new volatility is measured on the others only."""
     overwrite: bool = False
     """Delete a finished, failed or stopped run already in ``run_dir`` first (never another kind of folder)."""
+    routing_share: bool = False
+    """Measure routing's share of the ratio (``routing_share/*`` keys, docs/metrics.md), as ``moestab train
+    --routing-share`` does: after each loss forward of a recorded step's last pass, before its optimizer step, the
+    micro-batch is scored once more without grad on the same weights with pi_old's routes replayed (TRL's update
+    routes freely). Costs about one no-grad forward of the generation batch per recorded step; changes nothing TRL
+    computes. When TRL computes no pi_old (one optimizer step per generation batch) pi_old's routes are the loss
+    forward's own, so the replayed side is the update itself and no forward runs."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.record_fraction <= 1.0:
@@ -165,5 +172,6 @@ def run_config(args: Any, *, model: str, steps: int, settings: RecordSettings) -
         "record_layers": None if settings.record_layers is None else list(settings.record_layers),
         "record_every": settings.every,
         "record_new_fraction": settings.new_fraction,
+        "routing_share": settings.routing_share,
         "trl": {name: getattr(args, name, None) for name in RECORDED_ARGS},
     }

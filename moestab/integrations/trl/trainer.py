@@ -21,7 +21,7 @@ import yaml
 from transformers import TrainerCallback
 
 from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
-from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls
+from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls, pi_old_routes
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.metrics import keys
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
@@ -29,7 +29,7 @@ from moestab.recording.step_metrics import step_metrics
 from moestab.records import Remedies, RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
-from moestab.routing import RecordingError, RoutingRecorder, find_routers
+from moestab.routing import RecordingError, RoutingRecorder, RoutingReplay, find_routers
 from moestab.routing.compat import check_generate_recording
 
 LOSS_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps")
@@ -75,6 +75,10 @@ class TrlRecords:
         sites = find_routers(model)  # checks every router against its adapter once; the recorders skip it
         check_generate_recording(model)  # this transformers' generate() is recorded as one forward would be
         moe_layers = [s.layer for s in sites]
+        refused = next((s.adapter for s in sites if s.adapter.training_replay is not None), None)
+        if settings.routing_share and refused is not None:  # its forward replays routes in TRL's training mode
+            raise ValueError(f"routing_share replays pi_old's routes in training mode, which {refused.family} does "
+                             f"not allow: {refused.training_replay}")
         wanted = settings.record_layers or tuple(moe_layers)
         unknown = sorted(set(wanted) - set(moe_layers))
         if unknown:
@@ -92,6 +96,7 @@ class TrlRecords:
         self._stack: ExitStack | None = None
         self._cycle: CycleRecord | None = None
         self._inputs: dict[str, Any] | None = None
+        self._rng: tuple[torch.Tensor, list[torch.Tensor]] | None = None
         self._expect_inputs = False
         self._started = 0.0
 
@@ -165,6 +170,8 @@ class TrlRecords:
         if inputs.get("tool_mask") is not None:
             raise RecordingError("the micro-batch has a tool_mask: completions hold tokens the policy did not sample")
         self._inputs = {key: inputs[key] for key in LOSS_INPUTS if key in inputs}
+        if self.settings.routing_share:  # the generators' state the loss forward starts from (dropout, jitter)
+            self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in _cuda_devices(self.trainer.model)]
 
     def add_micro_step(self, captured: Captured) -> None:
         """File one recorded ``training_step``: a cycle opens with the one that generated."""
@@ -183,8 +190,39 @@ class TrlRecords:
             raise RecordingError("a recorded training step did not pass through compute_loss")
         if len(losses) != 1:
             raise RecordingError(f"a training step ran {len(losses)} forwards with grad, expected TRL's loss forward")
-        self._cycle.steps.append(LossStep(self._inputs, losses[0]))
-        self._inputs = None
+        self._cycle.steps.append(LossStep(self._inputs, losses[0], self._counterfactual(losses[0])))
+        self._inputs, self._rng = None, None
+
+    def _counterfactual(self, call: ScoringCall) -> torch.Tensor | None:
+        """``[b, L - 1]`` TRL's loss forward ``call`` again, on the same weights (the micro-step's backward has run,
+        its optimizer step has not), with pi_old's routes replayed: the replayed side of routing's share of the
+        ratio. Only in the last pass (the one recorded) and when TRL computed pi_old (otherwise pi_old's routes are
+        the loss forward's own: :func:`~moestab.integrations.trl.cycle.assemble` takes the update's log-probs).
+
+        No grad, outside the capture (no hook records it), under TRL's autocast, with the random generators set to
+        the state the loss forward started from and restored afterwards: TRL's weights, gradients and random
+        draws are those of a run without it.
+        """
+        layout, cycle = self.layout, self._cycle
+        if not self.settings.routing_share or not layout.old_forward:
+            return None
+        if len(cycle.steps) < layout.micro_steps - layout.micro_per_pass:  # this micro-step's index in the cycle
+            return None  # an earlier pass over the batch, not recorded (cycle.last_pass)
+        if self._rng is None:
+            raise RecordingError("a recorded training step did not pass through compute_loss")
+        model = self.trainer.model
+        routes = pi_old_routes(cycle, layout, call.input_ids)  # [b, L, layers, k]
+        cpu_state, cuda_states = self._rng
+        devices = _cuda_devices(model)
+        with torch.no_grad(), torch.random.fork_rng(devices=devices), self.trainer.accelerator.autocast(), \
+                RoutingReplay(model, routes, verify=False):
+            torch.set_rng_state(cpu_state)
+            for device, state in zip(devices, cuda_states, strict=True):
+                torch.cuda.set_rng_state(state, device)
+            log_probs = getattr(model(**call.kwargs), "log_probs", None)
+        if log_probs is None:
+            raise RecordingError("TRL's fused_lm_head forward returned no log_probs")
+        return log_probs.detach()  # [b, L - 1]
 
     # ---- the end of a cycle ----------------------------------------------------------------------
     def step_end(self, global_step: int) -> None:
@@ -199,7 +237,8 @@ class TrlRecords:
         tokenizer = self.trainer.processing_class
         t = assemble(cycle, new_calls, layout=self.layout, clip=self.clip,
                      group_size=int(self.trainer.args.num_generations),
-                     decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
+                     decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                     routing_share=self.settings.routing_share)
         measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps}
         metrics = step_metrics(t, replay="off", measured=measured)  # no updates: TRL logs its loss and grad norm
         write_step_tokens(self.writer, step, t, record_fraction=self.settings.record_fraction,
@@ -216,6 +255,14 @@ class TrlRecords:
             for call in calls:
                 model(**call.kwargs)
         return capture.captured().scoring
+
+
+def _cuda_devices(model: torch.nn.Module) -> list[int]:
+    """The CUDA device of ``model``'s parameters, as ``torch.random.fork_rng`` takes it (none on a CPU)."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return []
+    return [torch.cuda.current_device() if device.index is None else device.index]
 
 
 class _CycleEnd(TrainerCallback):

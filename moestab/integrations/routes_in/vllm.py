@@ -1,0 +1,96 @@
+"""vLLM (``enable_return_routed_experts``): per request, the experts of every token vLLM fed through the model.
+
+Two layouts, told apart by the request's ``prompt_routed_experts``:
+
+- *split* (vLLM up to the 0.2x series): ``RequestOutput.prompt_routed_experts`` ``[prompt_len, layers, top_k]`` and
+  ``CompletionOutput.routed_experts`` ``[generated (- 1), layers, top_k]``, int16 or int32;
+- *one array* (vLLM 0.33, checked against the installed package's ``vllm/outputs.py`` and its
+  ``RoutedExpertsCapturer``): ``CompletionOutput.routed_experts`` ``[prompt_len - start + generated - 1, layers,
+  top_k]`` from the sampling parameter ``routed_experts_prompt_start`` (``prompt_start`` here) through the penultimate
+  token, uint8 (<= 256 experts) or uint16, with one row per decoder layer (dense layers' rows are zero: name the MoE
+  rows with ``moe_layers``).
+
+Either may come as objects (``vllm.RequestOutput``) or as the OpenAI-server JSON (``prompt_token_ids``,
+``choices[i].token_ids``, ``choices[i].routed_experts``), routes as arrays, nested lists or prime-rl's base64
+encoding. Ids are vLLM's logical ids (before any expert-parallel load-balancing remap); ``physical_to_logical`` maps
+physical ones for an engine configured to return those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from moestab.integrations.routes_in.common import (
+    ImportedRoutes,
+    PayloadError,
+    checked_ids,
+    encoded_array,
+    field_of,
+    lay_out,
+    pick_layers,
+)
+
+
+def _completion(request: Any, i: int, completion: int) -> tuple[Any, str]:
+    outputs = field_of(request, "outputs", f"requests[{i}].outputs", None)
+    name = "outputs"
+    if outputs is None:
+        outputs, name = field_of(request, "choices", f"requests[{i}].outputs (or choices)"), "choices"
+    if not 0 <= completion < len(outputs):
+        raise PayloadError(f"requests[{i}].{name} has {len(outputs)} completions; completion={completion} is not one")
+    return outputs[completion], f"requests[{i}].{name}[{completion}]"
+
+
+def request_rows(request: Any, i: int, *, completion: int, prompt_start: int) -> tuple[np.ndarray, int, int, int]:
+    """Sequence ``i``'s route rows, their start position, its prompt and response lengths."""
+    prompt = field_of(request, "prompt_token_ids", f"requests[{i}].prompt_token_ids")
+    out, where = _completion(request, i, completion)
+    response = field_of(out, "token_ids", f"{where}.token_ids")
+    routed, start = encoded_array(field_of(out, "routed_experts", f"{where}.routed_experts"), f"{where}.routed_experts")
+    prompt_routed = field_of(request, "prompt_routed_experts", "", None)
+    if prompt_routed is None:
+        return routed, start or prompt_start, len(prompt), len(response)
+    head, _ = encoded_array(prompt_routed, f"requests[{i}].prompt_routed_experts")
+    if head.ndim != 3 or head.shape[0] < len(prompt) or head.shape[1:] != routed.shape[1:]:
+        raise PayloadError(f"requests[{i}].prompt_routed_experts has shape {list(head.shape)}; expected "
+                           f"[{len(prompt)}, {', '.join(map(str, routed.shape[1:]))}] (prompt tokens, layers, top_k "
+                           f"of {where}.routed_experts {list(routed.shape)})")
+    return np.concatenate([head[: len(prompt)], routed]), 0, len(prompt), len(response)
+
+
+def from_vllm(
+    requests: Sequence[Any],
+    *,
+    num_experts: int,
+    moe_layers: Sequence[int] | None = None,
+    completion: int = 0,
+    prompt_start: int = 0,
+    physical_to_logical: Any | None = None,
+) -> ImportedRoutes:
+    """vLLM's routes of ``requests`` (one completion each) on moestab's layout.
+
+    Args:
+        requests: ``vllm.RequestOutput`` objects or their JSON form, one per sequence.
+        num_experts: routed experts per MoE layer (ids are checked against it).
+        moe_layers: the rows of vLLM's layer axis that are MoE layers (default: all).
+        completion: which completion of each request (``n > 1`` sampling).
+        prompt_start: the ``routed_experts_prompt_start`` the requests were sent with (one-array layout).
+        physical_to_logical: ``[physical]`` or ``[layers, physical]`` map, only for physical ids.
+    """
+    rows, starts, prompts, responses = [], [], [], []
+    layers: tuple[int, ...] = ()
+    for i, request in enumerate(requests):
+        raw, start, p, r = request_rows(request, i, completion=completion, prompt_start=prompt_start)
+        field = f"requests[{i}] routed experts"
+        if raw.ndim != 3:
+            raise PayloadError(f"{field} must be [tokens, layers, top_k], got shape {list(raw.shape)}")
+        picked, layers = pick_layers(raw, moe_layers, field)
+        rows.append(checked_ids(picked, field, num_experts, physical_to_logical))
+        starts.append(start)
+        prompts.append(p)
+        responses.append(r)
+    return lay_out(rows, prompts, responses, starts=starts, layers=layers, num_experts=num_experts, source="vllm",
+                   field="vllm routed_experts")
