@@ -189,6 +189,9 @@ for arm in ARMS:
 for arm in ARMS:
     for column in share.columns:
         published[f"share.{arm}.{column.replace(' ', '.')}"] = float(share.loc[arm, column])
+    # The same share from the mean variances: steps with a large Var(log w) weigh more than in the step mean.
+    free, replayed = share.loc[arm, "log_var_free mean"], share.loc[arm, "log_var_replayed mean"]
+    published[f"share.{arm}.pooled"] = float(1 - replayed / free) if free > 0 else None
 published |= {"attribution.flipped_abs_log_w": float(contrast[True].mean()),
               "attribution.unflipped_abs_log_w": float(contrast[False].mean()),
               "attribution.ratio.mean": float(contrast["ratio"].mean()),

@@ -10,13 +10,16 @@
 # %% [markdown]
 # # 02 · One-step routing volatility: how it compounds over depth, and how it grows with lr and updates
 #
-# The R3 paper reports that after one update 10% of routers change their experts but 94% of tokens have at
-# least one changed layer: small per-router changes compound over depth. The GSPO paper reports that the
-# experts chosen for the same tokens drift with every gradient update. This notebook measures both on the
-# embedded policy with the step probes (`moestab.probes.depth`, `moestab.probes.step_volatility`): one GRPO step
-# of `moestab train` (32 prompts x 8 samples, arithmetic), replay off, from warm-started bases.
-# Claims checked (docs/findings.md): **4**, tokens with >= 1 flipped layer >> per-router flip rate; **2**, the
-# first minibatch's drift is 0 and later minibatches drift more, rising with index and lr.
+# The R3 paper reports that 10% of routers but 94% of tokens (at least one layer) route differently between the
+# rollout engine and the trainer on the same weights: small per-router differences add up over depth. The GSPO
+# paper reports that the experts chosen for the same tokens drift with every gradient update. This notebook
+# measures both on the embedded policy with the step probes (`moestab.probes.depth`,
+# `moestab.probes.step_volatility`): one GRPO step of `moestab train` (32 prompts x 8 samples, arithmetic), replay
+# off, from warm-started bases. Claims checked (docs/findings.md): **4**, tokens with >= 1 flipped layer >>
+# per-router flip rate, read against the independent-layer baseline `1 - (1 - p)^L` (`moestab.analysis.depth`)
+# for both the rollout->trainer gap (a bf16 rollout engine against the fp32 trainer, R3's setting) and one
+# update (old->new); **2**, the first minibatch's drift is 0 and later minibatches drift more, rising with index
+# and lr.
 
 # %% tags=["parameters"]
 SIZE = "full"  # "smoke": fresh weights, 2 depths, 1 seed, to check the notebook runs; "full": docs/findings.md
@@ -29,7 +32,9 @@ import pandas as pd
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from moestab.analysis.depth import depth_baseline
 from moestab.experiments.figures import plot_mean_sd
+from moestab.experiments.findings import show_findings
 from moestab.probes.depth import depth
 from moestab.probes.one_step import StepRecipe
 from moestab.probes.step_volatility import step_volatility
@@ -47,37 +52,61 @@ P = {"smoke": dict(layers=[2, 4], seeds=[0], lrs=[1e-3], minibatch_counts=[1, 2]
 P
 
 # %% [markdown]
-# ## Depth: one update (minibatches = 1, lr 2e-4, `moestab train`'s default) at each depth
+# ## Depth: the rollout->trainer gap and one update (minibatches = 1, lr 2e-4, `moestab train`'s default)
 #
 # Each depth is its own warm-started base (supervised until 40% greedy accuracy, as `moestab train` builds it,
-# cached), so the policies differ in more than depth; `warm_start_accuracy` shows where each started.
+# cached), so the policies differ in more than depth; `warm_start_accuracy` shows where each started. The rollout
+# engine samples with a bf16 copy of the policy (`moestab train --rollout-dtype bfloat16`), the trainer runs fp32
+# on the same weights, so one step gives both pairs on the same tokens: **rollout->trainer** (`rollout_old`: the
+# engine's experts against the trainer's pi_old, what R3's 10% / 94% measures) and **old->new** (one update of the
+# trainer). For each, the measured share of tokens with >= 1 flipped layer is set beside what independent layers
+# would give at the row's router flip rate `p`: `1 - (1 - p)^L` (`_independent`), and their ratio (`_excess`: 1 =
+# independent layers; < 1 = a token's layers flip together, e.g. one flip cascading into later layers, so the same
+# flips fall on fewer tokens).
 
 # %%
+PAIRS = ("rollout_old", "old_new")
 frames, layer_frames = [], []
 for seed in P["seeds"]:
-    recipe = StepRecipe(task=task_from_spec(P["task"]), seed=seed)
+    recipe = StepRecipe(task=task_from_spec(P["task"]), seed=seed, rollout_dtype="bfloat16")
     tables = depth(recipe, layers=P["layers"], lr=2e-4, warm_start=P["warm_start"])
     frames.append(tables["depth"].assign(seed=seed))
     layer_frames.append(tables["depth_by_layer"].assign(seed=seed))
-by_depth = pd.concat(frames, ignore_index=True)
-by_depth["compounding"] = by_depth.old_new_token_flip / by_depth.old_new_router_flip
-by_depth.groupby("depth")[["old_new_router_flip", "old_new_token_flip", "compounding", "warm_start_accuracy"]].agg(
-    ["mean", "std"]).round(4)
+by_depth = depth_baseline(pd.concat(frames, ignore_index=True), PAIRS)
+for pair in PAIRS:
+    by_depth[f"{pair}_token_router_ratio"] = by_depth[f"{pair}_token_flip"] / by_depth[f"{pair}_router_flip"]
+columns = [f"{pair}_{c}" for pair in PAIRS for c in ("router_flip", "token_flip", "token_flip_independent",
+                                                       "token_flip_excess")]
+depth_stats = by_depth.groupby("depth")[[*columns, "warm_start_accuracy"]].agg(["mean", "std"])
+found = {"depth.seeds": len(P["seeds"])}
+for n, rows in by_depth.groupby("depth"):
+    for pair, name in (("rollout_old", "rollout"), ("old_new", "update")):
+        found |= {f"depth.{name}_routers_{n}": rows[f"{pair}_router_flip"].mean(),
+                  f"depth.{name}_routers_sd_{n}": rows[f"{pair}_router_flip"].std(),
+                  f"depth.{name}_tokens_{n}": rows[f"{pair}_token_flip"].mean(),
+                  f"depth.{name}_tokens_sd_{n}": rows[f"{pair}_token_flip"].std(),
+                  f"depth.{name}_predicted_tokens_{n}": rows[f"{pair}_token_flip_independent"].mean(),
+                  f"depth.{name}_excess_{n}": rows[f"{pair}_token_flip_excess"].mean(),
+                  f"depth.{name}_token_router_ratio_{n}": rows[f"{pair}_token_router_ratio"].mean()}
+    found[f"depth.warm_start_accuracy_{n}"] = rows.warm_start_accuracy.mean()
+show_findings(found)
+depth_stats.T.round(4)
 
 # %%
-fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
-plot_mean_sd(ax[0], by_depth, "depth", "old_new_router_flip", label="routers flipped")
-plot_mean_sd(ax[0], by_depth, "depth", "old_new_token_flip", label="tokens with >= 1 flipped layer")
-ax[0].set(xscale="log", xticks=P["layers"], xticklabels=P["layers"], ylabel="share, old -> new",
-          title="one update: per router vs per token")
-ax[0].minorticks_off()
-ax[0].legend()
+fig, ax = plt.subplots(1, 3, figsize=(15, 3.6))
+for a, pair, title in ((ax[0], "rollout_old", "rollout (bf16) -> trainer (fp32)"), (ax[1], "old_new", "one update")):
+    plot_mean_sd(a, by_depth, "depth", f"{pair}_router_flip", label="routers flipped")
+    plot_mean_sd(a, by_depth, "depth", f"{pair}_token_flip", label="tokens with >= 1 flipped layer")
+    plot_mean_sd(a, by_depth, "depth", f"{pair}_token_flip_independent", label="independent layers: 1 - (1 - p)^L")
+    a.set(xscale="log", xticks=P["layers"], xticklabels=P["layers"], ylabel="share", title=title)
+    a.minorticks_off()
+    a.legend()
 per_layer = pd.concat(layer_frames, ignore_index=True).groupby(["depth", "layer"]).changed.mean().reset_index()
 for n, rows in per_layer.groupby("depth"):
-    ax[1].plot(rows.layer / max(rows.layer.max(), 1), rows.changed, marker="o", label=f"{n} layers")
-ax[1].set(xlabel="relative layer position (0 = first, 1 = last)", ylabel="changed (activated experts)",
-          title="change by layer")
-ax[1].legend()
+    ax[2].plot(rows.layer / max(rows.layer.max(), 1), rows.changed, marker="o", label=f"{n} layers")
+ax[2].set(xlabel="relative layer position (0 = first, 1 = last)", ylabel="changed old -> new (activated experts)",
+          title="one update: change by layer")
+ax[2].legend()
 fig.tight_layout()
 
 # %% [markdown]
@@ -113,7 +142,17 @@ plot_mean_sd(ax[1], vol, "minibatches", "old_new_changed", by=["lr"])
 ax[1].set(title="old -> new change after the step", ylabel="changed")
 ax[1].legend()
 fig.tight_layout()
-drift.groupby(["lr", "minibatch"]).update_old_changed.agg(["mean", "std"])
+drift_stats = drift.groupby(["lr", "minibatch"]).update_old_changed.agg(["mean", "std"])
+found = {"drift.seeds": len(P["seeds"]), "drift.minibatches": most,
+         "drift.first_update_max": by_mb[by_mb.minibatch == 0].update_old_changed.abs().max()}
+for (lr, m), row in drift_stats.iterrows():
+    found |= {f"drift.lr{lr:g}_mb{m + 1}": row["mean"], f"drift.lr{lr:g}_mb{m + 1}_sd": row["std"]}
+for (lr, n), rows in vol.groupby(["lr", "minibatches"]):
+    found |= {f"step.lr{lr:g}_mb{n}_old_new_changed": rows.old_new_changed.mean(),
+              f"step.lr{lr:g}_mb{n}_token_log_var": rows.ratio_token_log_var.mean(),
+              f"step.lr{lr:g}_mb{n}_clip_token_frac": rows.clip_token_frac.mean()}
+show_findings(found)
+drift_stats
 
 # %% [markdown]
 # ## Reading

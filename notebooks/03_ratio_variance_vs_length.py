@@ -95,16 +95,21 @@ fig.tight_layout()
 slopes, found = [], {"length.seeds": len(P["seeds"])}
 for algo, rows_ in variance.groupby("algo"):
     means = rows_.groupby("tokens")[VARIANCES].mean()
+    spread = rows_.groupby("tokens").independence_ratio.std()  # over seeds
+    # The same ratio from the seed means of the two variances (what a reader of the table above would compute).
+    of_means = independence_ratio(means.ratio_seq_log_var, means.ratio_token_log_var, means.index.to_numpy())
     fit = {c: log_log_slope(means.index, means[c]) for c in VARIANCES[:3]}
     slopes.append({"algo": algo, **{f"slope {c}": v for c, v in fit.items()}})
     found |= {f"length.{algo}_slope_seq_log_var": fit["ratio_seq_log_var"],
               f"length.{algo}_slope_product_log_var": fit["ratio_product_log_var"],
               f"length.{algo}_slope_token_log_var": fit["ratio_token_log_var"]}
-    for tokens, row in means.iterrows():
+    for (tokens, row), ratio_of_means in zip(means.iterrows(), of_means, strict=True):
         found |= {f"length.{algo}_token_log_var_{tokens}": row.ratio_token_log_var,
                   f"length.{algo}_seq_log_var_{tokens}": row.ratio_seq_log_var,
                   f"length.{algo}_product_log_var_{tokens}": row.ratio_product_log_var,
-                  f"length.{algo}_independence_ratio_{tokens}": row.independence_ratio}
+                  f"length.{algo}_independence_ratio_{tokens}": row.independence_ratio,
+                  f"length.{algo}_independence_ratio_sd_{tokens}": spread[tokens],
+                  f"length.{algo}_independence_ratio_of_means_{tokens}": ratio_of_means}
 show_findings(found)
 pd.DataFrame(slopes)
 
@@ -132,14 +137,21 @@ clip
 # %% [markdown]
 # ## Reading
 #
-# Written from the full-size run (2 seeds; responses of 5, 9, 17 and 33 tokens; one step of 4 updates at lr 2e-4):
+# Written from the full-size run (2 seeds; responses of 5, 9, 17 and 33 tokens; one step of 4 updates at lr 2e-4);
+# the numbers are the published findings above.
 #
-# - **Claim 6, reproduced in direction; the exponents differ from the independent-token prediction.** The
-#   variance of GSPO's sequence log-ratio falls with length, from 0.089 at 5 tokens to 0.0055 at 33 under GSPO
-#   (0.095 -> 0.0058 under GRPO): a slope of -1.39 (GSPO) / -1.36 (GRPO) in log-log, steeper than -1. The
-#   token-ratio product's log-variance grows, 2.2 -> 6.0 (GSPO): slope +0.61 / +0.64, below +1. The per-token
-#   variance itself hardly moves with length (slopes -0.1), so the steeper fall means a response's token
-#   log-ratios partly cancel (negatively correlated on average) rather than being independent.
+# - **Claim 6: Var(log s) ~ Var(log w) / |y| holds at 9 and 17 tokens, not at 5 or 33.** Read at each length
+#   against its own per-token variance, `|y| Var(log s) / Var(log w)` is 1.00 +- 0.03 and 1.02 +- 0.10 at 9 and 17
+#   tokens under GSPO (GRPO 1.00, 1.00): there the token log-ratios of a response behave as independent. At 33
+#   tokens it is 0.89 +- 0.03 (GRPO 0.86 +- 0.08): they partly cancel. At 5 tokens it is 1.38 +- 0.61 (1.59 from the
+#   seed means of the two variances; GRPO 1.37 +- 0.56): above 1, the few tokens of a short response moving together,
+#   with a spread of 0.6 between the 2 seeds. Var(log s) itself falls from 0.089 at 5 tokens to 0.0055 at 33 (GSPO;
+#   GRPO 0.095 -> 0.0058), a log-log slope of -1.39 (-1.36): steeper than -1 because the ratio falls from about 1.4
+#   at 5 tokens to 0.9 at 33 and because the per-token variance differs between the lengths' bases (0.21 at 33
+#   tokens, 0.28-0.38 at the others), not because a response's token log-ratios cancel at every length. The
+#   token-ratio product's log-variance grows, 2.2 -> 6.0 (GSPO), slope +0.61 (+0.64), below +1 for the same reasons.
+# - **Claim 1 at each length.** GSPO clipped 42-55% of the tokens of minibatches 2-4 and GRPO 3.8-7.4%: 6.6x to 7.8x
+#   at 5-17 tokens and 14.2x at 33 tokens (53.7% vs 3.8%; 14.4x +- 1.8x per seed), far below GSPO Fig. 2's ~100x.
 # - The two objectives give nearly the same variances after one step from the same base: at lr 2e-4 the ratio
 #   spread is set by how far the four updates move the policy, not by which objective moved it.
 # - Caveats: each length is its own warm-started base (`sort:length=L`, different tasks as well as lengths); 2
