@@ -18,6 +18,15 @@ MISMATCH_STATS = ("tokens", "sequences", "mean_d", "std_d", "k1", "k3", "f2", "c
 """Keys of :func:`mismatch_stats`."""
 
 
+def _log_prob_pair(logp_trainer: np.ndarray, logp_rollout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides as float64 ``[tokens]`` arrays of one length, or a ValueError naming their shapes."""
+    trainer = np.asarray(logp_trainer, dtype=np.float64)
+    rollout = np.asarray(logp_rollout, dtype=np.float64)
+    if trainer.shape != rollout.shape or trainer.ndim != 1:
+        raise ValueError(f"log-probs must be [tokens] of one length, got {trainer.shape}, {rollout.shape}")
+    return trainer, rollout
+
+
 def mismatch_stats(
     logp_trainer: np.ndarray, logp_rollout: np.ndarray, sequence: np.ndarray | None = None
 ) -> dict[str, float]:
@@ -26,10 +35,7 @@ def mismatch_stats(
     ``sequence`` ``[tokens]`` labels each token's sequence (any hashable ids, e.g. ``step * B + seq``);
     without it ``chi2_seq`` and ``sequences`` are NaN. Returns the keys of :data:`MISMATCH_STATS`.
     """
-    trainer = np.asarray(logp_trainer, dtype=np.float64)
-    rollout = np.asarray(logp_rollout, dtype=np.float64)
-    if trainer.shape != rollout.shape or trainer.ndim != 1:
-        raise ValueError(f"log-probs must be [tokens] of one length, got {trainer.shape}, {rollout.shape}")
+    trainer, rollout = _log_prob_pair(logp_trainer, logp_rollout)  # [tokens] each, float64
     d = trainer - rollout  # [tokens]
     keep = np.isfinite(d)
     d = d[keep]
@@ -95,10 +101,7 @@ def estimator_agreement(
     not agree. ``min_k3_term`` is the smallest per-token k3 (>= 0 by construction, up to rounding). NaN pairs are
     dropped; returns the keys of :data:`ESTIMATOR_STATS`.
     """
-    trainer = np.asarray(logp_trainer, dtype=np.float64)
-    rollout = np.asarray(logp_rollout, dtype=np.float64)
-    if trainer.shape != rollout.shape or trainer.ndim != 1:
-        raise ValueError(f"log-probs must be [tokens] of one length, got {trainer.shape}, {rollout.shape}")
+    trainer, rollout = _log_prob_pair(logp_trainer, logp_rollout)  # [tokens] each, float64
     if sequence is not None and np.shape(sequence) != trainer.shape:
         raise ValueError(f"sequence must be [tokens] like the log-probs, got {np.shape(sequence)}")
     d = trainer - rollout  # [tokens]
@@ -128,10 +131,7 @@ def mismatch_spread(logp_trainer: np.ndarray, logp_rollout: np.ndarray) -> dict[
       ``|exp(log pi_train) - exp(log mu_rollout)|``, verl's ``training/rollout_probs_diff_{mean,max,std}``
       (``verl.utils.debug.metrics.calculate_debug_metrics``).
     """
-    trainer = np.asarray(logp_trainer, dtype=np.float64)
-    rollout = np.asarray(logp_rollout, dtype=np.float64)
-    if trainer.shape != rollout.shape or trainer.ndim != 1:
-        raise ValueError(f"log-probs must be [tokens] of one length, got {trainer.shape}, {rollout.shape}")
+    trainer, rollout = _log_prob_pair(logp_trainer, logp_rollout)  # [tokens] each, float64
     d = trainer - rollout  # [tokens]
     keep = np.isfinite(d)
     if not keep.all():
