@@ -9,10 +9,16 @@ Measured:
    decisions with the k-th expert swapped out), GSPO-level change (10% of activated experts differ:
    80% of decisions swap their k-th expert) and a worst case (every decision swapped and reordered);
 2. streaming: ``run_volatility`` over a run folder whose step table (the R3-level pair) is a
-   Parquet file in a temp dir, in a fresh process, with its peak RSS (``resource.getrusage``).
+   Parquet file in a temp dir, in a fresh process, with its peak RSS (``resource.getrusage``); one run folder per
+   route-column layout (``--versions``: schema version 2's ``FixedSizeList<int16>``, version 3's ``FixedSizeBinary``),
+   both written by ``RunWriter``, their rounds interleaved so that both see the same machine, with each layout's bytes
+   per router decision of a route column (on disk, from the Parquet footer; in Arrow memory);
+3. with ``--sizes`` (slow, ~3 GiB of memory at the default shape): a whole step table, every column of the run
+   format, in each layout, and its size on disk and in memory, column by column.
 
 Target (docs/benchmarks.md): >= 50M decisions/s. Run:
     .venv/bin/python bench/bench_analysis.py [--tokens 1000000] [--rounds 3]
+    .venv/bin/python bench/bench_analysis.py --sizes   # the step-table sizes only
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+LAYOUTS = {2: "FixedSizeList<int16>", 3: "FixedSizeBinary"}
+"""Route-column layout of each run-format version (moestab.records.route_columns)."""
+STREAM_MODES = ("run_volatility", "decode only")
+"""What a streaming child does: the whole analysis, or only the reading and decoding of what it reads."""
 
 # (name, share of decisions with the k-th expert swapped out, share of the others reordered,
 #  whether flipped decisions are reordered too)
@@ -97,36 +108,62 @@ def bench_memory(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def write_run_folder(root: Path, args: argparse.Namespace) -> Path:
-    """A minimal run folder (run.json + one step table) holding the synthetic pair as routes_old_free/new."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from moestab.analysis.synthetic import synthetic_routes
+def _bench_info(args: argparse.Namespace, version: int):
     from moestab.records import schema
     from moestab.records.run_info import ModelInfo, RunInfo
 
-    run = root / "bench_run"
-    (run / schema.TOKENS_DIR).mkdir(parents=True)
-    info = RunInfo(
+    return RunInfo(
         config={"algo": "gspo", "routing_replay": "off", "model": "synthetic", "steps": 1},
         model=ModelInfo(family="synthetic", moe_layers=tuple(range(args.layers)), num_experts=args.experts,
                         top_k=args.top_k, recorded_layers=tuple(range(args.layers))),
-        status=schema.STATUS_FINISHED, last_step=1,
+        status=schema.STATUS_FINISHED, last_step=1, schema_version=version,
     )
-    (run / schema.RUN_JSON).write_text(json.dumps(info.to_json()))
+
+
+def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path:
+    """A minimal run folder of schema ``version`` (run.json + one step table, written by ``RunWriter``) holding the
+    synthetic pair as routes_old_free/new; prints the route columns' Arrow bytes as JSON."""
+    import pyarrow as pa
+
+    from moestab.analysis.synthetic import synthetic_routes
+    from moestab.records import RunFolder, schema
+    from moestab.records.route_columns import encode_routes, route_layout_for, with_route_layout
+    from moestab.records.writer import RunWriter
+
+    run = root / f"bench_run_v{version}"
+    folder = RunFolder(run)
+    folder.tokens_dir.mkdir(parents=True)
+    folder.run_json.write_text(json.dumps(_bench_info(args, version).to_json()))
     keys = _keys(args.tokens)
     a, b = synthetic_routes(args.tokens, args.layers, args.top_k, args.experts, flip=0.1, reorder=0.05)
-    width = args.layers * args.top_k
+    layout = route_layout_for(args.experts, args.layers, args.top_k, schema_version=version)
     arrays = {
         schema.COL_STEP: pa.array(keys["step"]),
         schema.COL_MINIBATCH: pa.array(keys["minibatch"]),
         schema.COL_POSITION: pa.array(np.arange(args.tokens, dtype=np.int32) % 4000),
-        schema.COL_ROUTES_OLD_FREE: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), width),
-        schema.COL_ROUTES_NEW: pa.FixedSizeListArray.from_arrays(pa.array(b.reshape(-1)), width),
+        schema.COL_ROUTES_OLD_FREE: encode_routes(a, layout),
+        schema.COL_ROUTES_NEW: encode_routes(b, layout),
     }
-    pq.write_table(pa.table(arrays), run / schema.tokens_file(1), row_group_size=args.row_group)
+    table = with_route_layout(pa.table(arrays), layout)
+    RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
+    print(json.dumps({"route_arrow_bytes": [table.column(c).nbytes for c in (schema.COL_ROUTES_OLD_FREE,
+                                                                               schema.COL_ROUTES_NEW)]}))
     return run
+
+
+def _column_disk_bytes(path: Path) -> dict[str, int]:
+    """Compressed bytes of each top-level column of a Parquet file, summed over its row groups (footer only)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    out: dict[str, int] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            name = chunk.path_in_schema.split(".")[0]
+            out[name] = out.get(name, 0) + chunk.total_compressed_size
+    return out
 
 
 def _vm_hwm() -> float | None:
@@ -140,22 +177,41 @@ def _vm_hwm() -> float | None:
     return None
 
 
-def stream_child(run: str, batch_rows: int | None, threads: int | None) -> None:
-    """Run in a fresh process: stream the run folder once; print timings and peak RSS as JSON.
+def _decode(run: str, batch_rows: int | None) -> int:
+    """Stream what ``run_volatility`` reads (its two route columns decoded, its key columns) and nothing else;
+    returns the decisions decoded per route column."""
+    from moestab.records import schema
+    from moestab.records.reader import iter_run_routes, read_run_info
+
+    columns = [schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_NEW]
+    others = [schema.COL_STEP, schema.COL_MINIBATCH, schema.COL_POSITION]
+    decisions = 0
+    for _, _, routes in iter_run_routes(run, columns, read_run_info(run).top_k, others, batch_rows=batch_rows):
+        decisions += routes[columns[0]].shape[0] * routes[columns[0]].shape[1]
+    return decisions
+
+
+def stream_child(run: str, batch_rows: int | None, threads: int | None, decode_only: bool = False) -> None:
+    """Run in a fresh process: stream the run folder once (``run_volatility``, or only the decoding it does);
+    print timings and peak RSS as JSON.
 
     getrusage's ru_maxrss survives fork/exec (Linux), so the parent stays small until every child
     has run: the Parquet file is written by another child.
     """
     from moestab.analysis.volatility import run_volatility, volatility_table
 
+    imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # what the imports alone hold
     t, c = time.perf_counter(), time.process_time()
-    counts = run_volatility(run, "old_new", batch_rows=batch_rows, threads=threads)
+    if decode_only:
+        routers = _decode(run, batch_rows)
+    else:
+        counts = run_volatility(run, "old_new", batch_rows=batch_rows, threads=threads)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
-    table = volatility_table(counts).iloc[0]
+    if not decode_only:
+        routers = int(volatility_table(counts).iloc[0]["routers"])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    print(
-        json.dumps({"wall": wall, "cpu": cpu, "peak_rss": peak, "vm_hwm": _vm_hwm(), "routers": int(table["routers"])})
-    )
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak_rss": peak, "vm_hwm": _vm_hwm(), "imported_rss": imported,
+                      "routers": routers}))
 
 
 def _shape_args(args: argparse.Namespace) -> list[str]:
@@ -165,27 +221,125 @@ def _shape_args(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def bench_stream(args: argparse.Namespace) -> dict:
+def bench_stream(args: argparse.Namespace) -> dict[tuple[int, str], dict]:
+    """Best-of-``rounds`` streaming of one run folder per layout of ``args.versions``, by ``run_volatility`` and by
+    its decoding alone (:data:`STREAM_MODES`), rounds interleaved."""
+    from moestab.records import schema
+
+    decisions = args.tokens * args.layers
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        t = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--write-run", tmp, *_shape_args(args)], check=True)
-        run = Path(tmp) / "bench_run"
-        size = (run / "tokens" / "step_000001.parquet").stat().st_size
-        print(f"[stream] wrote {size / 2**20:.0f} MiB Parquet in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-        best = None
-        for _ in range(args.rounds):
-            cmd = [sys.executable, __file__, "--child", str(run)]
-            if args.batch_rows:
-                cmd += ["--batch-rows", str(args.batch_rows)]
+        runs, written_by = {}, {}
+        for version in args.versions:
+            t = time.perf_counter()
+            cmd = [sys.executable, __file__, "--write-run", tmp, "--version", str(version), *_shape_args(args)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            result = json.loads(out.strip().splitlines()[-1])
-            if best is None or result["wall"] < best["wall"]:
-                best = result
-        best["file_mib"] = size / 2**20
-        best["decisions_per_s"] = best["routers"] / best["wall"]
-        best["cpu_decisions_per_s"] = best["routers"] / best["cpu"]
-        best["route_bytes_in_memory_mib"] = 2 * args.tokens * args.layers * args.top_k * 2 / 2**20
+            written = json.loads(out.splitlines()[-1])
+            runs[version] = Path(tmp) / f"bench_run_v{version}"
+            path = runs[version] / schema.tokens_file(1)
+            on_disk = _column_disk_bytes(path)
+            written_by[version] = {
+                "file_mib": path.stat().st_size / 2**20,
+                "route_bytes_on_disk": [on_disk[c] / decisions for c in (schema.COL_ROUTES_OLD_FREE,
+                                                                         schema.COL_ROUTES_NEW)],
+                "route_bytes_in_arrow": [n / decisions for n in written["route_arrow_bytes"]],
+            }
+            print(f"[stream] v{version}: wrote {written_by[version]['file_mib']:.0f} MiB Parquet in "
+                  f"{time.perf_counter() - t:.1f}s", file=sys.stderr)
+        best = {(v, mode): dict(written_by[v]) for v in args.versions for mode in STREAM_MODES}
+        for _ in range(args.rounds):
+            for (version, mode), kept in best.items():
+                cmd = [sys.executable, __file__, "--child", str(runs[version])]
+                cmd += ["--batch-rows", str(args.batch_rows)] if args.batch_rows else []
+                cmd += ["--decode-only"] if mode == "decode only" else []
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                result = json.loads(out.strip().splitlines()[-1])
+                if "wall" not in kept or result["wall"] < kept["wall"]:
+                    kept.update(result)
+        for result in best.values():
+            result["decisions_per_s"] = result["routers"] / result["wall"]
+            result["cpu_decisions_per_s"] = result["routers"] / result["cpu"]
+            result["decoded_routes_mib"] = 2 * decisions * args.top_k * 2 / 2**20  # two int16 [tokens, layers, k]
         return best
+
+
+def _full_table(args: argparse.Namespace, version: int):
+    """A whole step table of the run format at the bench shape, synthetic values, routes in ``version``'s layout."""
+    import pyarrow as pa
+
+    from moestab.analysis.synthetic import synthetic_routes
+    from moestab.records import schema
+    from moestab.records.route_columns import encode_routes, route_layout_for, with_route_layout
+
+    n, layers = args.tokens, args.layers
+    rng = np.random.default_rng(2)
+    keys = _keys(n)
+    a, b = synthetic_routes(n, layers, args.top_k, args.experts, flip=0.1, reorder=0.05)  # [n, layers, k] each
+    layout = route_layout_for(args.experts, layers, args.top_k, schema_version=version)
+    old, new = encode_routes(a, layout), encode_routes(b, layout)  # pi_old's routes, and one changed set
+
+    def per_layer() -> pa.FixedSizeListArray:  # [n] lists of `layers` float32
+        return pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * layers, np.float32)), layers)
+
+    def logp() -> pa.Array:
+        return pa.array(-rng.exponential(1.0, n).astype(np.float32))
+
+    seq = (np.arange(n) // 4000).astype(np.int32)  # 4,000-token responses, as `position` below
+    columns = {
+        schema.COL_STEP: pa.array(keys["step"]), schema.COL_SEQ: pa.array(seq),
+        schema.COL_PROMPT: pa.array(seq // 16), schema.COL_MINIBATCH: pa.array(keys["minibatch"]),
+        schema.COL_POSITION: pa.array(np.arange(n, dtype=np.int32) % 4000),
+        schema.COL_RESPONSE_LEN: pa.array(np.full(n, 4000, np.int32)),
+        schema.COL_REWARD: pa.array(rng.integers(0, 2, n).astype(np.float32)),
+        schema.COL_ADVANTAGE: pa.array(rng.normal(size=n).astype(np.float32)),
+        **{c: logp() for c in (schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD, schema.COL_LOGP_OLD_FREE,
+                               schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW)},
+        schema.COL_LOG_W: pa.array(rng.normal(0, 0.05, n).astype(np.float32)),
+        schema.COL_CLIPPED: pa.array(rng.random(n) < 0.01),
+        schema.COL_ROUTES_ROLLOUT: new, schema.COL_ROUTES_OLD: old, schema.COL_ROUTES_OLD_FREE: old,
+        schema.COL_ROUTES_UPDATE: new, schema.COL_ROUTES_NEW: new,
+        schema.COL_MARGIN_OLD: per_layer(), schema.COL_CONFIDENCE_OLD: per_layer(),
+    }
+    return with_route_layout(pa.table(columns), layout)
+
+
+def sizes_child(root: str, args: argparse.Namespace, version: int) -> None:
+    """Write one whole step table of ``version`` with ``RunWriter``; print its sizes per column as JSON."""
+    from moestab.records import RunFolder, schema
+    from moestab.records.writer import RunWriter
+
+    run = Path(root) / f"sizes_v{version}"
+    RunFolder(run).tokens_dir.mkdir(parents=True)
+    table = _full_table(args, version)
+    t = time.perf_counter()
+    RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
+    path = run / schema.tokens_file(1)
+    arrow = {c: table.column(c).nbytes for c in table.column_names}
+    print(json.dumps({"write_s": time.perf_counter() - t, "file": path.stat().st_size,
+                      "disk": _column_disk_bytes(path), "arrow": arrow}))
+
+
+def bench_sizes(args: argparse.Namespace) -> None:
+    """Print, per layout, the bytes of a whole step table on disk and in Arrow memory, by column group."""
+    from moestab.records import schema
+
+    tokens, decisions = args.tokens, args.tokens * args.layers
+    groups = {"route columns (5)": list(schema.ROUTE_COLUMNS),
+              "per-layer floats (2)": [schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD]}
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        for version in args.versions:
+            cmd = [sys.executable, __file__, "--sizes-child", tmp, "--version", str(version), *_shape_args(args)]
+            r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+            scalars = [c for c in r["arrow"] if not any(c in cols for cols in groups.values())]
+            print(f"  step table v{version} ({tokens:,} tokens, {args.layers} layers, top-{args.top_k} of "
+                  f"{args.experts}): {r['file'] / 1e9:.3f} GB on disk ({r['file'] / 2**30:.2f} GiB), "
+                  f"{sum(r['arrow'].values()) / 1e9:.3f} GB in Arrow memory; written in {r['write_s']:.1f} s")
+            for name, cols in {**groups, f"one-value columns ({len(scalars)})": scalars}.items():
+                disk, arrow = sum(r["disk"][c] for c in cols), sum(r["arrow"][c] for c in cols)
+                print(f"    {name:<24} disk {disk / 1e9:6.3f} GB  memory {arrow / 1e9:6.3f} GB  "
+                      f"per decision: disk {disk / decisions:6.2f} B  memory {arrow / decisions:6.2f} B")
+            for c in schema.ROUTE_COLUMNS:
+                print(f"    {c:<24} disk {r['disk'][c] / decisions:6.2f} B/decision  "
+                      f"memory {r['arrow'][c] / decisions:6.2f} B/decision")
 
 
 def main() -> None:
@@ -200,14 +354,23 @@ def main() -> None:
     parser.add_argument("--row-group", type=int, default=65_536, help="Parquet row-group size of the bench file")
     parser.add_argument("--tmp", default=None, help="folder for the temporary Parquet file")
     parser.add_argument("--skip-stream", action="store_true")
+    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3],
+                        help="run-format versions whose route-column layout to stream / size (default: 2 3)")
+    parser.add_argument("--sizes", action="store_true", help="only the step-table sizes, column by column, per layout")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--write-run", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes-child", help=argparse.SUPPRESS)
+    parser.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--version", type=int, default=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        stream_child(args.child, args.batch_rows, None)
+        stream_child(args.child, args.batch_rows, None, args.decode_only)
         return
     if args.write_run:
-        write_run_folder(Path(args.write_run), args)
+        write_run_folder(Path(args.write_run), args, args.version)
+        return
+    if args.sizes_child:
+        sizes_child(args.sizes_child, args, args.version)
         return
 
     print(
@@ -215,17 +378,23 @@ def main() -> None:
         f"numpy {np.__version__}, load average at start {os.getloadavg()[0]:.2f}"
     )
     print(f"table: {args.tokens:,} tokens x {args.layers} layers x top-{args.top_k} of {args.experts} experts")
+    if args.sizes:
+        bench_sizes(args)
+        return
     # Streaming first, while this process is small (children inherit its ru_maxrss).
     if not args.skip_stream:
-        s = bench_stream(args)
         batch = args.batch_rows or "auto"
-        print(
-            f"  streaming  Parquet {s['file_mib']:.0f} MiB, batch rows {batch}, row groups {args.row_group}: "
-            f"{s['wall']:.2f} s  {s['decisions_per_s'] / 1e6:.1f} M decisions/s "
-            f"(per CPU-second {s['cpu_decisions_per_s'] / 1e6:.1f} M); peak RSS {s['peak_rss'] / 2**20:.0f} MiB "
-            f"(VmHWM {s['vm_hwm'] / 2**20:.0f} MiB; the two route columns in memory: "
-            f"{s['route_bytes_in_memory_mib']:.0f} MiB)"
-        )
+        for (version, mode), s in bench_stream(args).items():
+            disk, arrow = s["route_bytes_on_disk"], s["route_bytes_in_arrow"]
+            rate, cpu_rate = s["decisions_per_s"] / 1e6, s["cpu_decisions_per_s"] / 1e6
+            print(
+                f"  streaming  v{version} {LAYOUTS.get(version, '?')}, {mode}: Parquet {s['file_mib']:.0f} MiB, "
+                f"batch rows {batch}, row groups {args.row_group}: {s['wall']:.2f} s  {rate:.1f} M decisions/s "
+                f"(per CPU-second {cpu_rate:.1f} M); peak RSS {s['peak_rss'] / 2**20:.0f} MiB (VmHWM "
+                f"{s['vm_hwm'] / 2**20:.0f} MiB, {s['imported_rss'] / 2**20:.0f} MiB of it the imports'; the two "
+                f"route columns decoded: {s['decoded_routes_mib']:.0f} MiB); "
+                f"a route column per decision: {disk[0]:.2f} / {disk[1]:.2f} B on disk, {arrow[0]:.2f} B in Arrow"
+            )
     for r in bench_memory(args):
         print(
             f"  in memory  {r['case']:<11} {r['what']:<18} threads={r['threads']}: "

@@ -52,7 +52,7 @@ is the work done). The p25-p75 of the per-round ratios (contender and baseline t
 in the same round) shows how much a ratio moved during the run. Rerun when in doubt.
 
 Usage: .venv/bin/python bench/bench_train.py [--threads 1] [--rounds 10] [--quick] [--profile] [--task SPEC]
-       [--routing-share-only]
+       [--routing-share-only] [--measure-fraction F] [--measure-every N]
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from moestab import rl
 from moestab.metrics.routes import intersection_sizes
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.recording.batch import RolloutBatch
+from moestab.recording.budget import MeasureBudget
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_tensors import StepTensors
 from moestab.records.schema import GATE_REPLAY_MODES
@@ -110,6 +111,8 @@ class Setup:
     temperature: float = 1.0
     seed: int = 0
     algo: str = "grpo"
+    budget: MeasureBudget = field(default_factory=MeasureBudget)
+    """The measurement budget every moestab contender runs with (``moestab train --measure-fraction / -every``)."""
 
     @property
     def batch(self) -> int:
@@ -179,10 +182,11 @@ class MoestabRunner:
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         before = self._steps_taken
+        measured = None if s.budget.full else s.budget.rows(step, s.batch, s.group, seed + 2)  # as moestab train
         start = clock()
         metrics, tensors = run_step(
             model=self.model, optimizer=self.optimizer, engine=self.engine, task=s.task, settings=self.settings,
-            examples=examples, generator=generator,
+            examples=examples, generator=generator, measured=measured,
         )
         end = clock()
         self.last = tensors
@@ -541,6 +545,9 @@ def main() -> None:
     parser.add_argument("--trl-optim", default="adamw_torch_fused",
                         help="TRL's optim (default: fused AdamW, like moestab; 'adamw_torch' = per-tensor)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one moestab step (replay off)")
+    parser.add_argument("--measure-fraction", type=float, default=1.0,
+                        help="measurement budget of every moestab contender: share of groups (moestab train's flag)")
+    parser.add_argument("--measure-every", type=int, default=1, help="measurement budget: every N-th step")
     parser.add_argument("--routing-share-only", action="store_true",
                         help="time only replay off with vs without routing_share (no TRL, no micro-benchmarks)")
     args = parser.parse_args()
@@ -566,7 +573,8 @@ def main() -> None:
         model, tokenizer = build_embedded_policy(EmbeddedModelSpec())
         policy_path = str(save_policy(model, tokenizer, Path(tmp) / "policy"))
         setup = Setup(policy_path=policy_path, task=task, prompts=args.prompts, group=args.group,
-                      minibatches=args.minibatches, max_new_tokens=args.max_new_tokens or task.max_answer_chars + 1)
+                      minibatches=args.minibatches, max_new_tokens=args.max_new_tokens or task.max_answer_chars + 1,
+                      budget=MeasureBudget(fraction=args.measure_fraction, every=args.measure_every))
         if args.routing_share_only:
             report_share(run_share_rounds(setup, args.rounds), setup, args.rounds)
             return
@@ -584,7 +592,8 @@ def main() -> None:
           f"{platform.machine()}, {threads_seen} torch thread(s); task {task.spec}; embedded policy "
           f"(qwen3_moe 4L, 8E, top-2, h128); rollout {setup.prompts} prompts x {setup.group} = {setup.batch} seqs, "
           f"max {setup.max_new_tokens} new tokens, {setup.minibatches} updates per rollout; "
-          f"{args.rounds} timed rounds (+1 warm-up), {args.micro_rounds} micro rounds; TRL optim {args.trl_optim}\n")
+          f"{args.rounds} timed rounds (+1 warm-up), {args.micro_rounds} micro rounds; TRL optim {args.trl_optim}; "
+          f"measurement budget fraction {setup.budget.fraction:g}, every {setup.budget.every}\n")
 
     r = train.trl_rewards
     print("Work per rollout cycle (timed rounds):\n")

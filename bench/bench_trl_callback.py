@@ -1,8 +1,9 @@
 """What moestab's records cost inside TRL's GRPOTrainer: recorded vs plain generation cycles, side by side.
 
-One ``MoestabGRPOTrainer`` (``moestab.integrations.trl``) trains with ``RecordSettings(every=2)``: its generation
-cycles alternate between recorded (even cycles: hooks on every forward, pi_new forward, step metrics, Parquet
-table) and plain (odd cycles: TRL's step untouched, no hook installed). A cycle is one generation batch and the
+One ``MoestabGRPOTrainer`` (``moestab.integrations.trl``) trains with
+``RecordSettings(budget=MeasureBudget(every=2))``: its generation cycles alternate between recorded (even cycles:
+hooks on every forward, pi_new forward, step metrics, Parquet table) and plain (odd cycles: TRL's step untouched, no
+hook installed). A cycle is one generation batch and the
 optimizer steps made from it, timed from the end of the previous cycle to the end of its last ``on_step_end``
 (the records are written in an ``on_step_end`` that runs before the clock's). Between cycles, off the clock, the
 garbage collector runs, so a recorded cycle's garbage is not charged to the plain cycle after it. The first pair
@@ -19,7 +20,7 @@ computes pi_old in a no-grad forward), ``loss_type="grpo"``, CPU float32, no gra
 micro-batch, with pi_old's routes replayed, in the recorded cycles).
 
 Usage: .venv/bin/python bench/bench_trl_callback.py [--pairs 10] [--threads 1] [--task arithmetic] [--level token]
-       [--new-fraction 1.0] [--routing-share]
+       [--measure-fraction 1.0] [--routing-share]
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--minibatches", type=int, default=4)
-    p.add_argument("--new-fraction", type=float, default=1.0, help="RecordSettings.new_fraction (pi_new's share)")
+    p.add_argument("--measure-fraction", type=float, default=1.0,
+                   help="RecordSettings(budget=MeasureBudget(fraction=...)): pi_new's share of pi_old's chunks")
     p.add_argument("--routing-share", action="store_true", help="RecordSettings.routing_share")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -100,6 +102,7 @@ def main() -> None:
     from trl import GRPOConfig
 
     from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
+    from moestab.recording.budget import MeasureBudget
 
     task = task_from_spec(a.task)
     cycles = 2 * (a.pairs + 1)
@@ -123,9 +126,9 @@ def main() -> None:
             log_completions=False, seed=0,
         )
         trainer = MoestabGRPOTrainer(model=model, args=args, processing_class=tokenizer, reward_funcs=reward,
-                                     train_dataset=data, moestab=RecordSettings(Path(tmp) / "run", every=2,
-                                                                             new_fraction=a.new_fraction,
-                                                                             routing_share=a.routing_share))
+                                     train_dataset=data, moestab=RecordSettings(
+                                         Path(tmp) / "run", budget=MeasureBudget(fraction=a.measure_fraction, every=2),
+                                         routing_share=a.routing_share))
         trainer.remove_callback(PrinterCallback)
         cycle_clock, finish_clock = CycleClock(a.minibatches), FinishClock(a.minibatches)
         trainer.callback_handler.callbacks.insert(0, finish_clock)  # before the records' on_step_end
@@ -137,7 +140,7 @@ def main() -> None:
     finishing = [end - mark for end, mark in zip(cycle_clock.ends, finish_clock.marks, strict=True)][2::2]
     print(f"task {a.task}, level {a.level}: {a.prompts} prompts x {a.group} = {a.prompts * a.group} sequences, "
           f"{a.minibatches} optimizer steps per generation, max {max_new} new tokens, {a.threads} torch thread(s), "
-          f"new_fraction {a.new_fraction}, routing_share {a.routing_share}; "
+          f"measure fraction {a.measure_fraction}, routing_share {a.routing_share}; "
           f"{len(recorded)} recorded / {len(plain)} plain cycles timed, {steps} steps written")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}")
     for name, k in (("wall", 0), ("cpu", 1)):

@@ -13,7 +13,8 @@ from dashkit import ui
 st.set_page_config(page_title="moestab dashboard", page_icon=":material/hub:", layout="wide")
 
 PAGES = [
-    st.Page("app_pages/runs.py", title="Runs", icon=":material/table:", default=True),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare_arrows:", default=True),
+    st.Page("app_pages/runs.py", title="Runs", icon=":material/table:", url_path="runs"),
     st.Page("app_pages/training.py", title="Training", icon=":material/show_chart:", url_path="training"),
     st.Page("app_pages/volatility.py", title="Routing volatility", icon=":material/shuffle:", url_path="volatility"),
     st.Page("app_pages/ratios.py", title="Ratios", icon=":material/percent:", url_path="ratios"),

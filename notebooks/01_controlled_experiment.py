@@ -42,7 +42,7 @@ from transformers.utils import logging as hf_logging
 
 from moestab.analysis.attribution import run_attribution
 from moestab.experiments import controlled
-from moestab.experiments.figures import plot_intervals, plot_mean_sd
+from moestab.experiments.figures import plot_intervals, plot_mean_sd, plot_small_multiples
 from moestab.experiments.findings import show_findings
 from moestab.metrics import keys
 
@@ -106,15 +106,29 @@ fig.tight_layout()
 paired.round(4)
 
 # %% [markdown]
-# ## Training curves by arm (mean +- sd over seeds)
+# ## Eval accuracy (the primary outcome) by arm, one panel per arm
 #
-# MoE arms solid, the two controls dashed; GSPO dotted.
+# Each panel: the arm's mean over seeds with its +-1 sd band; the other arms' means in grey, for reference.
 
 # %%
 STYLES = {"moe_grpo_off": {"color": "tab:red"}, "moe_grpo_r2": {"color": "tab:blue"},
           "moe_grpo_r3": {"color": "tab:green"}, "moe_gspo_off": {"color": "tab:purple", "linestyle": ":"},
           "dense_grpo_off": {"color": "black", "linestyle": "--"},
           "frozen_grpo_off": {"color": "tab:orange", "linestyle": "--"}}
+fig, axes = plt.subplots(1, len(ARMS), figsize=(16, 2.9), sharex=True, sharey=True)
+plot_small_multiples(axes, m.dropna(subset=[keys.EVAL_ACCURACY]), "step", keys.EVAL_ACCURACY, "arm", styles=STYLES,
+                     order=ARMS)
+for i, ax in enumerate(axes):
+    ax.set_ylabel("eval accuracy" if i == 0 else "")
+fig.suptitle(f"Eval accuracy by arm: mean +- sd over {len(outcomes.seed.unique())} seeds (grey: the other arms' means)")
+fig.tight_layout()
+
+# %% [markdown]
+# ## Training curves by arm (mean +- sd over seeds)
+#
+# MoE arms solid, the two controls dashed; GSPO dotted.
+
+# %%
 PANELS = {keys.EVAL_ACCURACY: "eval accuracy", keys.REWARD_MEAN: "mean reward",
           keys.RATIO_TOKEN_LOG_VAR: "Var(log w) over tokens",
           keys.ROUTING_CHANGED.format(pair="old_new"): "old->new routers changed",
@@ -125,7 +139,6 @@ for ax, (key, title) in zip(axes.flat, PANELS.items(), strict=True):
     plot_mean_sd(ax, m.dropna(subset=[key]), "step", key, by=["arm"], styles=STYLES, band_alpha=0.1)
     ax.set_title(title)
     ax.set_ylabel(key, fontsize=8)
-    ax.xaxis.get_major_locator().set_params(integer=True)
 handles, labels = axes.flat[0].get_legend_handles_labels()
 fig.legend(handles, [label.removeprefix("arm=") for label in labels], loc="lower center", ncol=6)
 fig.suptitle("Evaluation runs by arm: mean +- sd over seeds")

@@ -25,7 +25,10 @@
 SIZE = "full"  # "smoke": fresh weights, 2 depths, 1 seed, to check the notebook runs; "full": docs/findings.md
 
 # %%
+import warnings
 from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, with this machine's paths in it
 
 import matplotlib.pyplot as plt
 import pandas as pd

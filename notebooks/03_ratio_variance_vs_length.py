@@ -27,7 +27,10 @@
 SIZE = "full"  # "smoke": untrained policies, 2 lengths, 1 seed; "full": docs/findings.md
 
 # %%
+import warnings
 from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, with this machine's paths in it
 
 import matplotlib.pyplot as plt
 import pandas as pd

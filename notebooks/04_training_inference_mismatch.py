@@ -24,6 +24,10 @@
 SIZE = "full"  # "smoke": untrained policies, 1 seed, few texts, to check the notebook runs; "full": findings
 
 # %%
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, with this machine's paths in it
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from transformers.utils import logging as hf_logging
@@ -152,8 +156,8 @@ checks
 #
 # - **Claim 8, first half reproduced.** bf16 flipped 0.43% +- 0.22% of the MoE's routers (1.7% +- 0.9% of tokens)
 #   on the held-out texts; 99.1% of those 110 flips were in the lowest router-margin decile, the rest in the
-#   fourth. One sequence at a time vs batched, in fp32, flipped nothing (k3 ~2e-13): on a CPU, batch shape is not a
-#   source of the gap here; precision is.
+#   fourth. One sequence at a time vs batched, in fp32, flipped nothing (k3 below 2e-13, float rounding; its
+#   exact value moves with the CPU thread count): on a CPU, batch shape is not a source of the gap here; precision is.
 # - **Claim 8, second half: direction reproduced, not significant.** k3 of bf16 vs fp32 was 6.1e-4 +- 3.9e-4 for
 #   the MoE and 3.8e-4 +- 1.4e-4 for the dense control on the held-out texts (1.6x), and 4.7e-4 +- 2.8e-4 vs
 #   3.0e-4 +- 1.4e-4 on the bf16 engine's own samples (1.6x; the R3 paper: 1.5e-3 vs 6.4e-4, 2.3x). F(2) was above 0

@@ -21,7 +21,10 @@
 SIZE = "full"  # "smoke": 1 seed x 4 steps, to check the notebook runs; "full": what docs/findings.md reports
 
 # %%
+import warnings
 from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, with this machine's paths in it
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -82,7 +85,7 @@ layer_means = sat.groupby(["step", "layer"]).saturation.mean().unstack()
 image = ax[1].imshow(layer_means.to_numpy().T, aspect="auto", cmap="viridis", vmin=layer_means.min().min(), vmax=1)
 ax[1].set(xticks=range(len(layer_means.index)), xticklabels=layer_means.index, yticks=range(layer_means.shape[1]),
           xlabel="step", ylabel="layer", title="top-k saturation by layer (mean over seeds)")
-fig.colorbar(image, ax=ax[1])
+fig.colorbar(image, ax=ax[1], label="saturation (fraction of the final top-k kept, 0-1)")
 fig.tight_layout()
 
 # %% [markdown]

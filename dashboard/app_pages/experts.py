@@ -42,44 +42,47 @@ if layer_count > 1:
         format_func=lambda i: f"MoE layer {first.recorded_layers[i]}",
     )
 
-for run in runs:
-    st.header(run.label)
+st.caption("One expander per run (the first open); notes about a run's files come before them.")
+for index, run in enumerate(runs):
     info = infos[run.label]
     loaded = loaders.metrics(run.path, run.key)
     frame = loaded.value if ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step") else None
-    load_cell, entropy_cell, coact_cell = st.columns(3)
-    with load_cell:
-        load = metrics_load(frame) if frame is not None else pd.DataFrame()
-        if len(load):
-            shown, grid = load_at_step(load, step)
-            chart = charts.heatmap(grid, "expert", "layer", "load", title=f"Expert load at step {shown}",
-                                   xlabel="expert", ylabel="MoE layer", legend="share of routed slots",
-                                   domain=(0.0, None))
-            charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}")
-        elif frame is not None:
-            st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD}`.")
-    with entropy_cell:
-        entropy = metrics_per_layer(frame, keys.EXPERTS_LOAD_ENTROPY) if frame is not None else pd.DataFrame()
-        if len(entropy):
-            chart = charts.lines(entropy, "step", "value", series="layer", title="Load entropy per layer",
-                                 xlabel="step", ylabel="entropy of the load (nats)", integer_x=True)
-            charts.show(chart, entropy, f"Load entropy per layer against step for {run.label}")
-        elif frame is not None:
-            st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD_ENTROPY}`.")
-    with coact_cell:
-        if layer_index >= len(info.recorded_layers):
-            st.caption(f"{run.label} records {len(info.recorded_layers)} layer(s).")
-        else:
-            coact = loaders.coactivation(run.path, run.key, int(layer_index))
-            if ui.report(run, coact, "per-token routes", missing="per-token tables"):
+    has_layer = layer_index < len(info.recorded_layers)
+    coact = loaders.coactivation(run.path, run.key, int(layer_index)) if has_layer else None
+    coact_ok = coact is not None and ui.report(run, coact, "per-token routes", missing="per-token tables")
+    stats = loaders.expert_stats(run.path, run.key)
+    stats_ok = ui.report(run, stats, "per-token routes", missing="per-token tables")
+    with st.expander(run.label, expanded=index == 0, icon=":material/grid_view:"):
+        load_cell, entropy_cell, coact_cell = st.columns(3)
+        with load_cell:
+            load = metrics_load(frame) if frame is not None else pd.DataFrame()
+            if len(load):
+                shown, grid = load_at_step(load, step)
+                chart = charts.heatmap(grid, "expert", "layer", "load", title=f"Expert load at step {shown}",
+                                       xlabel="expert", ylabel="MoE layer", legend="share of routed slots",
+                                       domain=(0.0, None))
+                charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}")
+            elif frame is not None:
+                st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD}`.")
+        with entropy_cell:
+            entropy = metrics_per_layer(frame, keys.EXPERTS_LOAD_ENTROPY) if frame is not None else pd.DataFrame()
+            if len(entropy):
+                chart = charts.lines(entropy, "step", "value", series="layer", title="Load entropy per layer",
+                                     xlabel="step", ylabel="entropy of the load (nats)", integer_x=True)
+                charts.show(chart, entropy, f"Load entropy per layer against step for {run.label}")
+            elif frame is not None:
+                st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD_ENTROPY}`.")
+        with coact_cell:
+            if not has_layer:
+                st.caption(f"{run.label} records {len(info.recorded_layers)} layer(s).")
+            elif coact_ok:
                 label = info.recorded_layers[int(layer_index)]
                 grid = matrix_frame(coact.value, "expert_i", "expert_j", "share")
                 chart = charts.heatmap(grid, "expert_j", "expert_i", "share",
-                                       title=f"Co-activation, layer {label}: P(j chosen | i chosen)", xlabel="expert j",
-                                       ylabel="expert i", legend="conditional share", domain=(0.0, 1.0),
-                                       scheme="magma")
+                                       title=f"Co-activation, layer {label}: P(j chosen | i chosen)",
+                                       xlabel="expert j", ylabel="expert i", legend="conditional share",
+                                       domain=(0.0, 1.0), scheme="magma")
                 charts.show(chart, grid, f"Co-activation matrix of layer {label} for {run.label}")
-    stats = loaders.expert_stats(run.path, run.key)
-    if ui.report(run, stats, "per-token routes", missing="per-token tables"):
-        st.caption("Over every recorded token of the run (routes under pi_old); dead = never chosen.")
-        st.dataframe(stats.value, hide_index=True, width="stretch")
+        if stats_ok:
+            st.caption("Over every recorded token of the run (routes under pi_old); dead = never chosen.")
+            st.dataframe(stats.value, hide_index=True, width="stretch")

@@ -1,5 +1,6 @@
-"""Routing volatility: how often routers change their experts, by layer x step and layer x response position,
-over steps, by minibatch and by response position; old->new and rollout->trainer side by side."""
+"""Routing volatility: how often routers change their experts, over steps, by minibatch and by response position
+(the runs overlaid), then per run by layer x step and layer x response position (heatmaps, one expander per run);
+old->new and rollout->trainer side by side."""
 
 import numpy as np
 import pandas as pd
@@ -92,45 +93,27 @@ HEATMAPS = ("old_new", "rollout_old_free")
 HEATMAP_VALUE = "changed fraction of slots"
 
 
-def show_heatmaps(grids: dict[tuple[str, str], tuple[pd.DataFrame | None, str]], x: str, xlabel: str, what: str,
-                  zoom: bool) -> None:
-    """Per run, old -> new beside rollout -> trainer (free): ``changed`` by layer and ``x``, on one colour scale."""
+def top_of(grids: dict[tuple[str, str], tuple[pd.DataFrame | None, str]]) -> float:
+    """The colour scale's top for one view: the largest changed fraction of any run's heatmap (1 when all are 0)."""
     values = [grid["changed"].to_numpy(np.float64) for grid, _ in grids.values() if grid is not None]
     top = max((float(np.nanmax(v)) for v in values if np.isfinite(v).any()), default=0.0)
-    vmax = top if top > 0 else 1.0
-    st.caption(f"Changed fraction of routed slots; one colour scale for every heatmap (0 to {vmax:.3g}).")
-    for run in runs:
-        st.subheader(run.label)
-        cells = st.columns(len(HEATMAPS))
-        for cell, pair in zip(cells, HEATMAPS, strict=True):
-            grid, source = grids[(run.label, pair)]
-            with cell:
-                if grid is None:
-                    st.caption(f"{PAIR_TITLES[pair]}: nothing recorded.")
-                    continue
-                title = f"{run.label}: {PAIR_TITLES[pair]} ({source})"
-                chart = charts.heatmap(grid, x, "layer", "changed", title=title, xlabel=xlabel, ylabel="MoE layer",
-                                       legend=HEATMAP_VALUE, domain=(0.0, vmax), zoom=zoom)
-                charts.show(chart, grid, f"Heatmap of routing change {pair} by layer and {what} for {run.label}")
+    return top if top > 0 else 1.0
 
 
-st.header("Layer × step")
-by_step = {
-    (run.label, pair): changed_by_layer_step(metrics_frames.get(run.label), view(run.label, pair, "step_layer"), pair)
-    for run in runs
-    for pair in HEATMAPS
-}
-show_heatmaps(by_step, "step", "step", "step", zoom=True)
-
-st.header("Layer × response position")
-st.caption("Recorded tokens by 0-based position in the response (bins labelled by their first position).")
-by_position = {}
-for run in runs:
-    for pair in HEATMAPS:
-        table = view(run.label, pair, "position_layer")
-        by_position[(run.label, pair)] = (None, "") if table is None or not len(table) else (
-            table[["position_bin", "layer", "changed"]], TOKENS_SOURCE)
-show_heatmaps(by_position, "position_bin", "token position in response (bin start)", "position", zoom=False)
+def show_heatmaps(run_label: str, grids: dict[tuple[str, str], tuple[pd.DataFrame | None, str]], x: str, xlabel: str,
+                  what: str, zoom: bool, vmax: float) -> None:
+    """One run's old -> new beside rollout -> trainer (free): ``changed`` by layer and ``x``, colour scale 0 to vmax."""
+    cells = st.columns(len(HEATMAPS))
+    for cell, pair in zip(cells, HEATMAPS, strict=True):
+        grid, source = grids[(run_label, pair)]
+        with cell:
+            if grid is None:
+                st.caption(f"{PAIR_TITLES[pair]}: nothing recorded.")
+                continue
+            title = f"{run_label}: {PAIR_TITLES[pair]} ({source})"
+            chart = charts.heatmap(grid, x, "layer", "changed", title=title, xlabel=xlabel, ylabel="MoE layer",
+                                   legend=HEATMAP_VALUE, domain=(0.0, vmax), zoom=zoom)
+            charts.show(chart, grid, f"Heatmap of routing change {pair} by layer and {what} for {run_label}")
 
 
 def step_frame(pair: str) -> pd.DataFrame:
@@ -193,3 +176,30 @@ side_by_side(
     "token position in response (bin start)",
     "by position",
 )
+
+st.header("Per run: layer × step and layer × response position")
+by_step = {
+    (run.label, pair): changed_by_layer_step(metrics_frames.get(run.label), view(run.label, pair, "step_layer"), pair)
+    for run in runs
+    for pair in HEATMAPS
+}
+by_position = {}
+for run in runs:
+    for pair in HEATMAPS:
+        table = view(run.label, pair, "position_layer")
+        by_position[(run.label, pair)] = (None, "") if table is None or not len(table) else (
+            table[["position_bin", "layer", "changed"]], TOKENS_SOURCE)
+step_top, position_top = top_of(by_step), top_of(by_position)
+st.caption(
+    "Changed fraction of routed slots, old → new beside rollout → trainer (free pi_old), one expander per run. "
+    f"One colour scale for every layer × step heatmap (0 to {step_top:.3g}; metrics.jsonl, else the recorded "
+    f"tokens) and one for every layer × position heatmap (0 to {position_top:.3g}; recorded tokens, by 0-based "
+    "position in the response, bins labelled by their first position)."
+)
+for run in runs:
+    with st.expander(f"{run.label}: heatmaps", icon=":material/grid_on:"):
+        st.markdown("**Layer × step**")
+        show_heatmaps(run.label, by_step, "step", "step", "step", zoom=True, vmax=step_top)
+        st.markdown("**Layer × response position**")
+        show_heatmaps(run.label, by_position, "position_bin", "token position in response (bin start)", "position",
+                      zoom=False, vmax=position_top)

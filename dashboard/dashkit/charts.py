@@ -99,6 +99,73 @@ def lines(
     return alt.layer(line, dots, rule).properties(title=_title(title), height=HEIGHT)
 
 
+def value_colors(values: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per value (tab10 in the order given), so a value keeps its colour on every chart of a page."""
+    return {value: color(i) for i, value in enumerate(dict.fromkeys(values))}
+
+
+def _field_legend(field: str, **symbol) -> alt.Legend:
+    """A legend of a config field's values (``algo=grpo``): titled by the field, each label without the repeated
+    ``field=`` (two legends of long labels side by side would not fit a third of a page), one entry a row, line
+    symbols."""
+    strip = f"replace(datum.label, /(^|\\/ ){field}=/g, '$1')" if re.fullmatch(r"\w+", field) else "datum.label"
+    return alt.Legend(orient="top", title=field, direction="vertical", labelLimit=170, titleLimit=170,
+                      labelExpr=strip, symbolType="stroke", **symbol)
+
+
+def group_lines(
+    data: pd.DataFrame,
+    y: str,
+    *,
+    series: str,
+    color_by: str,
+    title: str,
+    ylabel: str,
+    colors: Mapping[str, str],
+    dash_by: str | None = None,
+    band: tuple[str, str] | None = None,
+    x_domain: tuple[int, int] | None = None,
+    tooltip: Sequence[str] = (),
+) -> alt.LayerChart:
+    """One line per ``series`` value (a group or a run) of ``y`` against ``step``, coloured by the ``color_by`` column
+    (``colors``: value -> colour) and dashed by ``dash_by``; ``band``: the columns of a shaded band around each line
+    (mean -+ sd). ``x_domain`` puts every chart of a page on one step axis. Hover shows ``series``, the colour and
+    dash fields, ``tooltip``'s columns and the values at the nearest step; a legend click keeps a colour."""
+    keep = alt.selection_point(fields=[color_by], bind="legend")
+    hover = alt.selection_point(on="pointerover", nearest=True, fields=["step"], empty=False, clear="pointerout")
+    scale = alt.Scale(domain=list(x_domain), nice=False) if x_domain else alt.Scale(zero=False)
+    x = alt.X("step:Q", title="step", scale=scale, axis=_axis(integer=True))
+    y_axis = alt.Y(f"{y}:Q", title=ylabel, scale=alt.Scale(zero=False), axis=_axis())
+    legend = _field_legend(color_by, symbolStrokeWidth=2.5, symbolOpacity=1.0)  # opaque, though the band shares it
+    dash_legend = _field_legend(dash_by or "", symbolStrokeColor="gray", symbolStrokeWidth=2)
+    palette = alt.Scale(domain=list(colors), range=list(colors.values()))
+    lines = {"x": x, "y": y_axis, "detail": alt.Detail(f"{series}:N"),
+             "color": alt.Color(f"{color_by}:N", scale=palette, legend=legend)}
+    if dash_by:
+        lines["strokeDash"] = alt.StrokeDash(f"{dash_by}:N", legend=dash_legend)
+    fields = list(dict.fromkeys([series, color_by, *([dash_by] if dash_by else []), *tooltip]))
+    tips = [*fields, alt.Tooltip("step:Q"), alt.Tooltip(f"{y}:Q", format=".4g")]
+    points = data.groupby(series)["step"].count().max() <= 12 if len(data) else False
+    line = alt.Chart(data).mark_line(point=bool(points)).encode(
+        **lines, opacity=alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED))
+    ).add_params(keep, alt.selection_interval(bind="scales"))
+    layers = [line]
+    if band:
+        low, high = band
+        shade = alt.Chart(data).mark_area(interpolate="linear").encode(  # its legend merges with the lines'
+            x=x, y=alt.Y(f"{low}:Q", title=ylabel), y2=f"{high}:Q", detail=alt.Detail(f"{series}:N"),
+            color=alt.Color(f"{color_by}:N", scale=palette, legend=legend),
+            opacity=alt.when(keep).then(alt.value(0.18)).otherwise(alt.value(0.03)),
+        )
+        layers.insert(0, shade)
+        tips += [alt.Tooltip(f"{low}:Q", format=".4g"), alt.Tooltip(f"{high}:Q", format=".4g")]
+    dots = alt.Chart(data).mark_circle(size=70).encode(
+        **lines, opacity=alt.when(hover).then(alt.value(1.0)).otherwise(alt.value(0.0)), tooltip=tips
+    ).add_params(hover)
+    rule = alt.Chart(data).mark_rule(color="gray", strokeWidth=0.8).encode(x=x).transform_filter(hover)
+    return alt.layer(*layers, dots, rule).properties(title=_title(title), height=HEIGHT)
+
+
 def heatmap(
     data: pd.DataFrame,
     x: str,
@@ -114,6 +181,7 @@ def heatmap(
     zoom: bool = False,
     y_order: Sequence | None = None,
     height: int = HEIGHT,
+    row_height: int | None = None,
 ) -> alt.Chart:
     """A cell per (``x``, ``y``) coloured by ``value`` (NaN cells blank; ``domain``: the colour scale's ends,
     ``None`` for the data's), tooltips on hover.
@@ -121,7 +189,14 @@ def heatmap(
     ``zoom``: integer ``x`` and ``y`` (steps, layers) on continuous axes, one unit per cell, so the chart zooms
     and pans; else both are ordered categories (``y_order`` top to bottom; default: largest first, so layer 0
     sits at the bottom).
+
+    ``height``: of the whole chart, title, legend and axes included (Streamlit fits a chart to it). ``row_height``
+    (categorical ``y`` only): instead, each row gets this many pixels and the title, legend and axes come on top,
+    the chart fitting the container's width only. A few rows in a fixed ``height`` would be squeezed to nothing
+    by the title and the legend above them.
     """
+    if row_height is not None and (zoom or row_height < 1):
+        raise ValueError(f"row_height {row_height} needs categorical rows (zoom=False) and at least 1 pixel")
     hover = alt.selection_point(on="pointerover", fields=[x, y], empty=False, clear="pointerout")
     low, high = domain
     scale = alt.Scale(scheme=scheme, domainMin=alt.Undefined if low is None else low,
@@ -153,6 +228,9 @@ def heatmap(
     ).add_params(hover)
     if zoom:
         chart = chart.add_params(alt.selection_interval(bind="scales"))
+    if row_height is not None:  # fit-x: the container's width; the height is the rows' plus what surrounds them
+        return chart.properties(title=_title(title), height=alt.Step(row_height), width="container",
+                                autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
     return chart.properties(title=_title(title), height=height, width="container")  # categorical axes too
 
 

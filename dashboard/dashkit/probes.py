@@ -25,6 +25,10 @@ EMPTY = "No probe folders in `{root}` yet. Make one with `moestab probe compare 
         "this folder (e.g. `{root}/probes/NAME`); it appears here on the next redraw (or Refresh)."
 """What the page says when the runs folder holds no probe folder (``root``: the runs folder)."""
 
+ROW_HEIGHT = 28
+"""Pixels per checkpoint row of a probe heatmap: the plot grows with the checkpoints a probe ran on."""
+
+
 @dataclass(frozen=True)
 class ProbeRef:
     """A probe folder as the page uses it."""
@@ -138,7 +142,7 @@ def drawn_charts(chart: Chart, frames: Mapping[str, pd.DataFrame]) -> list[Drawn
         row, column = data.columns[:2]
         drawn = charts.heatmap(data, column, row, chart.name, title=f"{chart.title}: {label}", xlabel=chart.xlabel,
                                ylabel=chart.ylabel, legend=chart.value, domain=(low, high),
-                               y_order=list(grid.index)[::-1], height=max(140, 60 + 28 * grid.shape[0]))
+                               y_order=list(grid.index)[::-1], row_height=ROW_HEIGHT)
         out.append((drawn, data, f"{chart.title}: {label}"))
     return out
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from moestab.analysis.dashboard_data import find_runs, run_fingerprint
+from moestab.analysis.dashboard_data import find_runs, run_fingerprint, runs_too_deep
 
 from . import loaders
 
@@ -36,11 +36,14 @@ _MISSPELT_RUNS_ENV = re.compile(r"MOESTABRUNS?(DIR|PATH|FOLDER|ROOT)?")
 SELECTED = "moestab_selected_runs"
 """Session-state key: run folders (str) chosen for comparison."""
 _SELECTED_ROOT = "moestab_selected_root"  # runs folder the selection belongs to
+_OFFERED = "moestab_offered_runs"  # readable runs already put in the selection once (a deselected one stays out)
 _CONTEXT = "moestab_context"  # this script run's RunsContext
 _WATCH = "moestab_watch"  # fingerprints seen by the auto-refresh watcher
 _SHOWN = "moestab_shown"  # (run, message) pairs already shown on this page
 
 PAGE_RUNS = "app_pages/runs.py"
+SEARCH_DEPTH = 3
+"""Levels below the runs folder searched for run folders (:func:`moestab.analysis.dashboard_data.find_runs`)."""
 
 
 def runs_dir_and_source(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, str]:
@@ -89,6 +92,8 @@ class RunsContext:
     runs: tuple[RunRef, ...]
     problem: str | None
     """Why no run can be listed (missing folder), or ``None``."""
+    too_deep: tuple[str, ...] = ()
+    """Run folders below :data:`SEARCH_DEPTH` (relative to ``root``): not listed, but named in the sidebar."""
 
     def by_path(self) -> dict[str, RunRef]:
         return {run.path: run for run in self.runs}
@@ -96,14 +101,15 @@ class RunsContext:
 
 def _discover(root: Path) -> RunsContext:
     try:
-        folders = find_runs(root)
+        folders = find_runs(root, SEARCH_DEPTH)
+        deeper = runs_too_deep(root, SEARCH_DEPTH)
     except (FileNotFoundError, NotADirectoryError) as exc:
         return RunsContext(root, (), str(exc))
     refs = []
     for folder in folders:
         label = "." if folder == root else folder.relative_to(root).as_posix()
         refs.append(RunRef(str(folder), label, run_fingerprint(folder)))
-    return RunsContext(root, tuple(refs), None)
+    return RunsContext(root, tuple(refs), None, tuple(folder.relative_to(root).as_posix() for folder in deeper))
 
 
 def context() -> RunsContext:
@@ -121,20 +127,25 @@ def _argv() -> list[str]:
     return list(sys.argv)
 
 
-def _default_selection(ctx: RunsContext) -> list[str]:
-    """All runs whose run.json is readable (up to 6), so every page shows something at once."""
-    chosen = [run.path for run in ctx.runs if loaders.info(run.path, run.key).error is None]
-    return chosen[:6]
+def _readable(ctx: RunsContext) -> list[str]:
+    return [run.path for run in ctx.runs if loaders.info(run.path, run.key).error is None]
 
 
 def _sync_selection(ctx: RunsContext) -> None:
-    """Keep the selection to runs that exist; start it afresh for a new runs folder."""
+    """The rule: every run whose run.json is readable is selected when it is first found (at start, or when it
+    appears or becomes readable later); a run deselected on the Runs page stays out; runs that are gone leave the
+    selection. A new runs folder starts afresh."""
+    readable = _readable(ctx)
     if st.session_state.get(_SELECTED_ROOT) != str(ctx.root) or SELECTED not in st.session_state:
         st.session_state[_SELECTED_ROOT] = str(ctx.root)
-        st.session_state[SELECTED] = _default_selection(ctx)
+        st.session_state[SELECTED] = readable
+        st.session_state[_OFFERED] = set(readable)
         return
     existing = ctx.by_path()
-    st.session_state[SELECTED] = [path for path in st.session_state[SELECTED] if path in existing]
+    offered = st.session_state.setdefault(_OFFERED, set())
+    kept = [path for path in st.session_state[SELECTED] if path in existing]
+    st.session_state[SELECTED] = kept + [path for path in readable if path not in offered and path not in kept]
+    offered.update(readable)
 
 
 def sidebar() -> RunsContext:
@@ -174,7 +185,34 @@ def sidebar() -> RunsContext:
             st.fragment(_watch, run_every=every, key="moestab_watch_fragment")(str(ctx.root))
         count = len(st.session_state[SELECTED])
         st.caption(f"{len(ctx.runs)} run(s) in `{ctx.root}` ({len(running)} running); {count} selected for comparison.")
+        if ctx.too_deep:
+            st.info(
+                f"{len(ctx.too_deep)} run folder(s) lie more than {SEARCH_DEPTH} levels below the runs folder and are "
+                f"not listed: {_some(ctx.too_deep)}. Open a folder nearer to them (e.g. "
+                f"`{Path(ctx.root, ctx.too_deep[0]).parent.parent}`).",
+                icon=":material/subdirectory_arrow_right:",
+            )
     return ctx
+
+
+def _some(labels: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` labels in backticks, and how many more."""
+    text = ", ".join(f"`{label}`" for label in labels[:shown])
+    return text + (f" and {len(labels) - shown} more" if len(labels) > shown else "")
+
+
+def left_out(ctx: RunsContext) -> list[tuple[str, str]]:
+    """(run label, why) of every run found that the other pages do not show: not selected on the Runs page, or
+    selected with a run.json that cannot be read. A run never leaves the views without this saying so."""
+    chosen = set(st.session_state.get(SELECTED, []))
+    out = []
+    for run in ctx.runs:
+        error = loaders.info(run.path, run.key).error
+        if error is not None:
+            out.append((run.label, f"run.json cannot be read ({error})"))
+        elif run.path not in chosen:
+            out.append((run.label, "not selected on the Runs page"))
+    return out
 
 
 def _status(run: RunRef) -> str | None:

@@ -23,7 +23,7 @@ from moestab.metrics.experts import coactivation_counts
 from moestab.records import RunFolder, schema
 from moestab.records.errors import Skipped
 from moestab.records.folder import RUN_SUBFOLDERS
-from moestab.records.reader import iter_run_batches, read_run_info, route_array
+from moestab.records.reader import iter_run_batches, read_run_info, route_array, route_layout
 
 OVERVIEW_EXTRA_COLUMNS = ("planned_steps", "updated", "error")
 """Keys :func:`run_overview` adds to :func:`moestab.analysis.summary.run_summary`'s row."""
@@ -62,6 +62,19 @@ def find_runs(root: str | Path, max_depth: int = 3) -> list[Path]:
     if max_depth >= 1:
         visit(root, 1)
     return sorted(found)
+
+
+def runs_too_deep(root: str | Path, max_depth: int = 3, further: int = 3) -> list[Path]:
+    """Run folders that :func:`find_runs` ``(root, max_depth)`` leaves out because they lie deeper, looking
+    ``further`` levels more (so that a large folder is not walked to the bottom), sorted by path.
+
+    Why: runs below the search depth would otherwise vanish from the dashboard without a word (a sweep laid out as
+    ``runs/controlled/evaluate/CONDITION/SEED`` is 4 levels down); the dashboard names them instead.
+    """
+    if further < 0:
+        raise ValueError(f"further must be >= 0, got {further}")
+    listed = set(find_runs(root, max_depth))
+    return [run for run in find_runs(root, max_depth + further) if run not in listed]
 
 
 def run_fingerprint(run: str | Path) -> tuple[tuple[str, int, int], ...]:
@@ -112,7 +125,7 @@ def run_coactivation(
     info = read_run_info(run)
     total: np.ndarray | None = None
     for _, batch in iter_run_batches(run, [column], batch_rows=batch_rows, skipped=skipped):
-        routes = route_array(batch.column(column), info.top_k)  # [rows, layers, top_k]
+        routes = route_array(batch.column(column), info.top_k, route_layout(batch.schema))  # [rows, layers, top_k]
         counts = coactivation_counts(routes, info.num_experts, layer)  # [experts, experts]
         total = counts if total is None else total + counts
     if total is None:

@@ -2,29 +2,36 @@
 no global figure state and no display backend is touched).
 
 Each ``plot_*`` function takes analysis results and returns a :class:`matplotlib.figure.Figure`;
-:func:`write_run_plots` computes what a run folder allows and writes every figure of it.
+:func:`run_figures` computes every figure a run folder allows and :func:`write_run_plots` writes them. Every axes
+has a y label with its unit, and axes of steps tick integers only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from moestab.analysis.attribution import Attribution, run_attribution
+from moestab.analysis.dashboard_data import metric_curve
 from moestab.analysis.experts import metrics_per_layer
 from moestab.analysis.ratios import ratio_histograms
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics import keys
 from moestab.records import RunFolder, schema
 from moestab.records.errors import RunFileError, Skipped, skip
-from moestab.records.reader import list_token_files, load_metrics, load_tokens
+from moestab.records.reader import list_token_files, load_metrics, load_tokens, read_run_info
 
-CURVE_KEYS = ((keys.REWARD_MEAN, "reward (mean)"), (keys.ACCURACY, "rollout accuracy"),
-              (keys.EVAL_ACCURACY, "eval accuracy"))
+CURVE_KEYS = ((keys.REWARD_MEAN, "reward (mean)", "reward per response (task's scale)"),
+              (keys.ACCURACY, "rollout accuracy", "fraction of responses correct"),
+              (keys.EVAL_ACCURACY, "eval accuracy (step 0 = start)", "fraction of the eval set correct"))
+"""(metrics.jsonl key, title, y label with its unit) of each panel of :func:`plot_curves`."""
 
 
 def _figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
@@ -32,6 +39,11 @@ def _figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Fi
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     return fig, list(axes)
+
+
+def _integer_steps(ax: Axes) -> None:
+    """Ticks at whole steps only: matplotlib's default locator puts 1.5 between steps 1 and 2."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
@@ -42,20 +54,29 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def plot_curves(metrics: pd.DataFrame) -> Figure:
-    """Reward, rollout accuracy and eval accuracy against step; one line per ``run`` if that column exists."""
+def plot_curves(metrics: pd.DataFrame, start_accuracy: Mapping[str, float] | float | None = None) -> Figure:
+    """Reward, rollout accuracy and eval accuracy against step; one line per ``run`` if that column exists.
+
+    ``start_accuracy``: the eval accuracy of the starting policy (run.json's ``warm_start``; a mapping ``run`` ->
+    accuracy for several runs), drawn at step 0 of the eval curve: the eval at start has no metrics.jsonl line,
+    so without it the eval curve would begin at the first eval step.
+    """
     fig, axes = _figure(len(CURVE_KEYS))
-    groups = metrics.groupby("run", sort=False) if "run" in metrics else [(None, metrics)]
+    several = "run" in metrics
+    groups = metrics.groupby("run", sort=False) if several else [(None, metrics)]
     for name, part in groups:
-        for ax, (key, _) in zip(axes, CURVE_KEYS, strict=True):
-            if key in part:
-                values = pd.to_numeric(part[key], errors="coerce")
-                ok = values.notna()
-                ax.plot(part["step"][ok], values[ok], marker="o" if key == keys.EVAL_ACCURACY else None, label=name)
-    for ax, (_, title) in zip(axes, CURVE_KEYS, strict=True):
+        start = start_accuracy.get(name) if isinstance(start_accuracy, Mapping) else start_accuracy
+        for ax, (key, _, _) in zip(axes, CURVE_KEYS, strict=True):
+            eval_key = key == keys.EVAL_ACCURACY
+            curve = metric_curve(part, key, start if eval_key and start is not None and np.isfinite(start) else None)
+            if len(curve):
+                ax.plot(curve["step"], curve["value"], marker="o" if eval_key else None, label=name)
+    for ax, (_, title, ylabel) in zip(axes, CURVE_KEYS, strict=True):
         ax.set_title(title)
         ax.set_xlabel("step")
-        if ax.get_legend_handles_labels()[0] and "run" in metrics:
+        ax.set_ylabel(ylabel)
+        _integer_steps(ax)
+        if ax.get_legend_handles_labels()[0] and several:
             ax.legend(fontsize="small")
     return fig
 
@@ -72,11 +93,12 @@ def plot_volatility_heatmap(table: pd.DataFrame, value: str = "changed", title: 
             interpolation="nearest",
             extent=(grid.columns.min() - 0.5, grid.columns.max() + 0.5, -0.5, len(grid.index) - 0.5),
         )
-        fig.colorbar(image, ax=ax, label=value)
+        fig.colorbar(image, ax=ax, label=f"{value} (fraction of routing decisions)")
         ticks = np.linspace(0, len(grid.index) - 1, min(len(grid.index), 8)).round().astype(int)
         ax.set_yticks(ticks, [str(grid.index[i]) for i in ticks])
     ax.set_xlabel("step")
-    ax.set_ylabel("MoE layer")
+    _integer_steps(ax)
+    ax.set_ylabel("MoE layer (index)")
     ax.set_title(title or f"routing volatility ({value})")
     return fig
 
@@ -89,9 +111,10 @@ def plot_ratio_histograms(histograms: pd.DataFrame) -> Figure:
         if len(part):
             ax.stairs(part["count"].to_numpy(), np.r_[part["left"].to_numpy(), part["right"].to_numpy()[-1]], fill=True)
             ax.set_yscale("log")
-        ax.set_title(f"{quantity.replace('_', ' ')} ({'per token' if quantity == 'log_w' else 'per sequence'})")
-        ax.set_xlabel(quantity)
-        ax.set_ylabel("count")
+        per_token = quantity == "log_w"
+        ax.set_title(f"{quantity.replace('_', ' ')} ({'per token' if per_token else 'per sequence'})")
+        ax.set_xlabel(f"{quantity.replace('_', ' ')} (nats)")
+        ax.set_ylabel("tokens" if per_token else "sequences")
     return fig
 
 
@@ -109,7 +132,7 @@ def plot_attribution(attribution: Attribution) -> Figure:
             for f, n in zip(groups["flipped"], groups["tokens"], strict=True)
         ],
     )
-    left.set_ylabel("|log w|")
+    left.set_ylabel("|log w| (nats)")
     left.set_title(f"|log w| by routing flip ({attribution.pair})")
     left.legend(fontsize="small")
     margin = attribution.by_margin
@@ -119,7 +142,7 @@ def plot_attribution(attribution: Attribution) -> Figure:
         if (centers > 0).all():
             right.set_xscale("log")
     right.set_xlabel("router margin under pi_old (quantile-bin centre)")
-    right.set_ylabel("router flip rate")
+    right.set_ylabel("router flip rate (fraction of routers)")
     right.set_title("flip rate vs margin")
     return fig
 
@@ -139,36 +162,41 @@ def _heatmap_table(
     return None if counts is None else volatility_table(counts, by=["step", "layer"])
 
 
-def write_run_plots(run: str | Path, out_dir: str | Path, skipped: list[Skipped] | None = None) -> list[Path]:
-    """Write every figure a run allows into ``out_dir``; returns the paths written.
+def run_figures(run: str | Path, skipped: list[Skipped] | None = None) -> dict[str, Figure]:
+    """Every figure a run allows, by file name.
 
-    ``curves.png`` (metrics.jsonl), ``volatility_<pair>.png`` for :data:`HEATMAP_PAIRS` (metrics'
-    per-layer lists, else the per-token tables), ``ratios.png`` and ``attribution.png`` (per-token
-    tables). A figure whose data is missing or unreadable goes to ``skipped`` (raises with ``None``).
+    ``curves.png`` (metrics.jsonl, the eval curve from the start eval of run.json at step 0),
+    ``volatility_<pair>.png`` for :data:`HEATMAP_PAIRS` (metrics' per-layer lists, else the per-token tables),
+    ``ratios.png`` and ``attribution.png`` (per-token tables). A figure whose data is missing or unreadable goes to
+    ``skipped`` (raises with ``None``); an unusable run.json raises (``NotARunError``, ...).
     """
-    out = Path(out_dir)
-    written: list[Path] = []
+    figures: dict[str, Figure] = {}
+    start = read_run_info(run).warm_start_accuracy
     try:
         metrics = load_metrics(run, skipped)
     except RunFileError as exc:
         skip(skipped, RunFileError(exc.path, f"{exc.problem}; no curves"))
         metrics = None
     if metrics is not None and len(metrics):
-        written.append(save_figure(plot_curves(metrics), out / "curves.png"))
+        figures["curves.png"] = plot_curves(metrics, start)
     for pair in HEATMAP_PAIRS:
         table = _heatmap_table(run, metrics, pair, skipped)
         if table is not None and len(table):
-            fig = plot_volatility_heatmap(table, title=f"routing volatility {pair.replace('_', ' -> ')} (changed)")
-            written.append(save_figure(fig, out / f"volatility_{pair}.png"))
-    has_tokens = len(list_token_files(run)) > 0
-    if has_tokens:
+            title = f"routing volatility {pair.replace('_', ' -> ')} (changed)"
+            figures[f"volatility_{pair}.png"] = plot_volatility_heatmap(table, title=title)
+    if len(list_token_files(run)) > 0:
         columns = [schema.COL_STEP, schema.COL_SEQ, schema.COL_LOG_W]
         tokens = load_tokens(run, columns=columns, skipped=skipped)
         if len(tokens):
-            written.append(save_figure(plot_ratio_histograms(ratio_histograms(tokens)), out / "ratios.png"))
+            figures["ratios.png"] = plot_ratio_histograms(ratio_histograms(tokens))
         attribution = run_attribution(run, skipped=skipped)
         if attribution is not None:
-            written.append(save_figure(plot_attribution(attribution), out / "attribution.png"))
+            figures["attribution.png"] = plot_attribution(attribution)
     else:
         skip(skipped, RunFileError(RunFolder(run).tokens_dir, "no per-token tables: no ratio or attribution plots"))
-    return written
+    return figures
+
+
+def write_run_plots(run: str | Path, out_dir: str | Path, skipped: list[Skipped] | None = None) -> list[Path]:
+    """Write :func:`run_figures` of ``run`` into ``out_dir``; returns the paths written."""
+    return [save_figure(fig, Path(out_dir) / name) for name, fig in run_figures(run, skipped).items()]

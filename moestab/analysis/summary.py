@@ -19,6 +19,7 @@ from moestab.analysis.mismatch import mismatch_by_step
 from moestab.analysis.ratios import clip_fractions
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics import keys
+from moestab.metrics.sampling import mean_se
 from moestab.records import RunFolder, schema
 from moestab.records.errors import RunFileError, Skipped, skip
 from moestab.records.reader import (
@@ -47,9 +48,16 @@ SUMMARY_KEYS: dict[str, str] = {
 }
 """Summary column -> the metrics.jsonl key (:mod:`moestab.metrics.keys`) averaged over steps (docs/metrics.md)."""
 
+SAMPLING_ERRORS: dict[str, str] = {
+    f"old_new_{stat}_se": keys.ROUTE_CHANGE_SE_KEYS[stat].format(pair="old_new") for stat in keys.ROUTE_CHANGE_SE_KEYS
+}
+"""Summary column -> the per-step sampling error whose combination (:func:`moestab.metrics.sampling.mean_se`) is the
+sampling error of the step mean of the column without ``_se`` (runs under a measurement budget)."""
+
 SUMMARY_COLUMNS = (
     "run", "algo", "replay", "model", "status", "steps", "final_accuracy", "warm_start_accuracy",
-    *SUMMARY_KEYS, "damage", "path",
+    *(c for column in SUMMARY_KEYS for c in (column, f"{column}_se") if c in SUMMARY_KEYS or c in SAMPLING_ERRORS),
+    "damage", "path",
 )
 """Columns of :func:`summarize_runs`, in order (each documented in docs/metrics.md, "moestab analyze"):
 
@@ -59,6 +67,8 @@ SUMMARY_COLUMNS = (
 - ``steps``: ``last_step``; ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
   ``warm_start_accuracy``;
 - the keys of :data:`SUMMARY_KEYS`: step means of metrics.jsonl keys;
+- the keys of :data:`SAMPLING_ERRORS`, each beside its step mean: the sampling error of that mean under a
+  measurement budget (0 when every sequence was measured);
 - ``damage``: why the run is ``damaged`` (:func:`~moestab.records.reader.metrics_step_problem`), else ``None``;
 - ``path``: the run folder.
 """
@@ -69,6 +79,12 @@ def _step_means(metrics: pd.DataFrame) -> dict[str, float]:
     for column, key in SUMMARY_KEYS.items():
         values = pd.to_numeric(metrics[key], errors="coerce") if key in metrics else pd.Series(dtype=float)
         out[column] = float(values.mean()) if values.notna().any() else np.nan
+    for column, key in SAMPLING_ERRORS.items():
+        mean = out[column.removesuffix("_se")]
+        if key in metrics:  # measured on samples: the steps' errors combined
+            out[column] = mean_se(pd.to_numeric(metrics[key], errors="coerce").to_numpy(np.float64))
+        else:  # every sequence measured: exact (or nothing to be exact about)
+            out[column] = 0.0 if np.isfinite(mean) else np.nan
     return out
 
 

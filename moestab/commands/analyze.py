@@ -1,10 +1,14 @@
 """``moestab analyze RUN [RUN ...]``: summary table of run folders, as text, JSON or CSV, and figures.
 
-Only parses arguments and calls ``moestab.analysis``. Problems with one run (not a run folder, a
-newer schema, a missing or corrupt file) are reported on stderr naming the file, and the readable
-part of every run is still summarised. The exit status is 1 when no run could be read at all, or when
-a run is ``damaged`` (its metrics.jsonl steps repeat or go back: the summary is printed, the damage
-is said on stderr); else 0.
+Only parses arguments and calls ``moestab.analysis``. Problems with one run (not a run folder, a newer schema, a
+missing or corrupt file) are reported on stderr naming the file, and the readable part of every run is still
+summarised. Probe folders (``moestab probe --out``), and folders holding them, are known: each is skipped with a
+one-line note, so ``moestab analyze runs/*`` works beside ``runs/probes``. ``--json`` / ``--csv`` follow
+:mod:`moestab.commands.output`.
+
+Exit status: 0 when every folder given was a readable run or a probe folder; 1 when one was neither, a run could
+not be read, a run is ``damaged`` (its metrics.jsonl steps repeat or go back: the summary is printed, the damage is
+said on stderr) or no run was given at all; 2 when ``--json`` / ``--csv`` cannot be written (nothing is read).
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from moestab.commands.output import add_output_options, emit, output_problem, uses_stdout
+
 HELP = "Summarise run folders: stability metrics per run as a table, JSON or CSV, and PNG figures."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN", type=Path, help="run folder written by `moestab train`")
-    output = parser.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="print the summary as a JSON list of objects")
-    output.add_argument("--csv", action="store_true", help="print the summary as CSV")
+    parser.add_argument("runs", nargs="+", metavar="RUN", type=Path,
+                        help="run folder written by `moestab train` (probe folders are skipped, with a note)")
+    add_output_options(parser, json_what="the summary as a JSON list of objects (one per run)",
+                       csv_what="the summary as CSV (one row per run)")
     parser.add_argument(
         "--plots",
         metavar="DIR",
@@ -45,22 +51,46 @@ def _format_table(frame) -> str:
     return shown.to_string(na_rep="-", float_format=lambda x: f"{x:.4g}")
 
 
-def run(args: argparse.Namespace) -> int:
-    import json
+def _summaries(paths: list[Path], said: set) -> tuple[list[dict], int]:
+    """The summary row of each readable run, and how many folders were errors (neither a run nor a probe folder,
+    or a run that cannot be read); each error and each skipped probe folder is said on stderr."""
+    from moestab.analysis.summary import run_summary
+    from moestab.records.errors import NotARunError, RunError
 
-    from moestab.analysis.summary import SUMMARY_COLUMNS, run_summary
-    from moestab.records.errors import RunError
-    from moestab.records.reader import finite_or_none
-
-    rows = []
-    said: set = set()  # the summary and --plots may both find a corrupt file: said once
-    for path in args.runs:
+    rows, errors = [], 0
+    for path in paths:
         skipped: list = []
         try:
             rows.append(run_summary(path, skipped))
+        except NotARunError as exc:
+            from moestab.probes.folder import describe_probe_folders  # torch: only when a folder is not a run
+
+            note = describe_probe_folders(path)
+            if note is None:
+                errors += 1
+                print(f"moestab analyze: error: {exc}; give run folders written by `moestab train`", file=sys.stderr)
+            else:
+                print(f"moestab analyze: note: skipped {note} (the dashboard's Probes page shows probe folders)",
+                      file=sys.stderr)
         except RunError as exc:
+            errors += 1
             print(f"moestab analyze: error: {exc}", file=sys.stderr)
         _report(skipped, sys.stderr, said)
+    return rows, errors
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from moestab.analysis.summary import SUMMARY_COLUMNS
+    from moestab.records.reader import finite_or_none
+
+    problem = output_problem(args.json, args.csv)
+    if problem is not None:
+        print(f"moestab analyze: error: {problem}", file=sys.stderr)
+        return 2
+    said: set = set()  # the summary and --plots may both find a corrupt file: said once
+    rows, errors = _summaries(args.runs, said)
     if not rows:
         print("moestab analyze: error: no readable run among the folders given", file=sys.stderr)
         return 1
@@ -68,26 +98,29 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     frame = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-    if args.json:
+    if args.json is not None:
         records = [
             {k: (finite_or_none(v) if isinstance(v, float) else v) for k, v in row.items()}
             for row in frame.to_dict(orient="records")
         ]
-        print(json.dumps(records, indent=2))
-    elif args.csv:
-        frame.to_csv(sys.stdout, index=False)
-    else:
+        emit(json.dumps(records, indent=2), args.json)
+    if args.csv is not None:
+        emit(frame.to_csv(index=False), args.csv)
+    if not uses_stdout(args.json, args.csv):
         print(_format_table(frame))
 
     if args.plots is not None:
-        _write_plots(args.plots, [Path(p) for p in frame["path"]], list(frame["run"]), said)
+        _write_plots(args.plots, [Path(p) for p in frame["path"]], list(frame["run"]),
+                     list(frame["warm_start_accuracy"]), said)
     damaged = [row for row in rows if row["damage"]]
     for row in damaged:
         print(f"moestab analyze: error: {row['path']} is damaged: {row['damage']}", file=sys.stderr)
-    return 1 if damaged else 0
+    return 1 if damaged or errors else 0
 
 
-def _write_plots(out: Path, runs: list[Path], names: list[str], said: set) -> None:
+def _write_plots(out: Path, runs: list[Path], names: list[str], starts: list[float], said: set) -> None:
+    """Each run's figures in ``out/<run>/`` (``<run>_2`` for a name given twice) and, for several runs, their curves
+    overlaid in ``out/curves.png`` under the same names (``starts``: each run's start eval accuracy, at step 0)."""
     import pandas as pd
 
     from moestab.analysis.plots import plot_curves, save_figure, write_run_plots
@@ -95,10 +128,11 @@ def _write_plots(out: Path, runs: list[Path], names: list[str], said: set) -> No
     from moestab.records.reader import load_metrics
 
     used: dict[str, int] = {}
-    frames = []
-    for path, name in zip(runs, names, strict=True):
+    frames, start_of = [], {}
+    for path, name, start in zip(runs, names, starts, strict=True):
         used[name] = used.get(name, 0) + 1
-        folder = out / (name if used[name] == 1 else f"{name}_{used[name]}")
+        label = name if used[name] == 1 else f"{name}_{used[name]}"
+        folder = out / label
         skipped: list = []
         try:
             written = write_run_plots(path, folder, skipped)
@@ -110,8 +144,9 @@ def _write_plots(out: Path, runs: list[Path], names: list[str], said: set) -> No
             metrics = load_metrics(path, skipped=[])  # what it skips was reported above
         except RunError:
             continue
-        metrics.insert(0, "run", name)
+        metrics.insert(0, "run", label)
         frames.append(metrics)
+        start_of[label] = start
     if len(runs) >= 2 and frames:
-        path = save_figure(plot_curves(pd.concat(frames, ignore_index=True)), out / "curves.png")
+        path = save_figure(plot_curves(pd.concat(frames, ignore_index=True), start_of), out / "curves.png")
         print(f"moestab analyze: wrote {path}", file=sys.stderr)

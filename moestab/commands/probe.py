@@ -1,7 +1,9 @@
 """``moestab probe NAME CHECKPOINT ...``: run a probe (``moestab.probes``) on run folders or Hugging Face MoE folders.
 
 Only parses arguments and calls ``moestab.probes``. Everything is checked (probe name, checkpoints, suite,
-settings, output folders) before any model is loaded or anything is written.
+settings, output targets) before any model is loaded or anything is written. ``--json`` / ``--csv`` follow
+:mod:`moestab.commands.output` (``--csv``: every table in one CSV, a first column ``table`` naming each row's; the
+probe folder of ``--out`` keeps one CSV per table).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from moestab.commands.output import add_output_options, emit, output_problem, uses_stdout
 
 if TYPE_CHECKING:
     from moestab.probes.folder import ProbeResult
@@ -24,12 +28,6 @@ def _folder(value: str) -> Path:
     if not value.strip():
         raise argparse.ArgumentTypeError("the value is empty; give a folder")
     return Path(value)
-
-
-def _json_target(value: str) -> str:
-    if not value.strip():
-        raise argparse.ArgumentTypeError("the value is empty; give a file, or '-' for stdout")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,9 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "~/.cache/moestab)")
     parser.add_argument("--out", type=_folder, default=None, help="save the result as a probe folder (the dashboard's "
                         "Probes page reads these)")
-    parser.add_argument("--json", metavar="FILE", type=_json_target, default=None,
-                        help="write the result as JSON to FILE ('-' = stdout)")
-    parser.add_argument("--csv", metavar="DIR", type=_folder, default=None, help="write one CSV per table to DIR")
+    add_output_options(parser, json_what="the result as JSON (probe, checkpoints, suite, settings, every table)",
+                       csv_what="every table as one CSV (a first column 'table' names each row's table)")
     parser.add_argument("--plots", metavar="DIR", type=_folder, default=None, help="write PNG figures to DIR")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, 1 to 4096 (default: torch's "
@@ -106,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
                                  model=args.model, warm_start=args.warm_start, cache_dir=args.cache_dir,
                                  progress=not args.no_progress, threads=args.threads)
         checkpoints, suite = probe_inputs(args.probe, args.checkpoints, args.suite, args.count, settings)
-        check_output_targets(out=args.out, csv=args.csv, plots=args.plots, json_file=args.json)
+        check_output_targets(out=args.out, plots=args.plots)
+        problem = output_problem(args.json, args.csv)
+        if problem is not None:
+            raise ProbeError(problem)
         if args.threads is not None:  # the process's environment is the command's to set, not the library's
             import torch
 
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     except ProbeError as exc:
         print(f"moestab probe: error: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
-    _print_result(result, ", ".join(c.label for c in checkpoints) or "its own policies")
+    if not uses_stdout(args.json, args.csv):  # else stdout carries the JSON or CSV only
+        _print_result(result, ", ".join(c.label for c in checkpoints) or "its own policies")
     _save_result(result, args)
     return 0
 
@@ -130,22 +131,17 @@ def _print_result(result: ProbeResult, on: str) -> None:
 
 
 def _save_result(result: ProbeResult, args: argparse.Namespace) -> None:
-    """Whichever of --out, --json, --csv and --plots were given."""
+    """Whichever of --out, --json, --csv and --plots were given; what was written is said on stderr (stdout may
+    carry the JSON or CSV)."""
     from moestab.probes.folder import write_probe_folder
     from moestab.probes.plots import plot_probe
 
     if args.out is not None:
-        print(f"\nprobe folder: {write_probe_folder(result, args.out)}")
+        print(f"probe folder: {write_probe_folder(result, args.out)}", file=sys.stderr)
     if args.json is not None:
-        text = json.dumps(result.to_json(), indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text)
+        emit(json.dumps(result.to_json(), indent=2), args.json)
     if args.csv is not None:
-        args.csv.mkdir(parents=True, exist_ok=True)
-        for name, table in result.tables.items():
-            table.to_csv(args.csv / f"{name}.csv", index=False)
+        emit(result.stacked_tables().to_csv(index=False), args.csv)
     if args.plots is not None:
         for path in plot_probe(result, args.plots):
-            print(f"figure: {path}")
+            print(f"figure: {path}", file=sys.stderr)

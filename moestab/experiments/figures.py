@@ -1,4 +1,5 @@
-"""Figures shared by the notebooks: curves as mean +- sd over seeds, and paired differences with their intervals."""
+"""Figures shared by the notebooks: curves as mean +- sd over seeds (one axes, or one small panel per group), and
+paired differences with their intervals. An integer x (steps, layers, minibatches) gets integer ticks."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 
 def mean_sd(frame: pd.DataFrame, x: str, y: str, by: Sequence[str] = ()) -> pd.DataFrame:
@@ -33,6 +35,28 @@ def plot_mean_sd(
         ax.fill_between(rows[x], rows["mean"] - rows["sd"].fillna(0), rows["mean"] + rows["sd"].fillna(0),
                         alpha=band_alpha, color=line.get_color(), linewidth=0)
     ax.set(xlabel=x, ylabel=y)
+    if pd.api.types.is_integer_dtype(stats[x]):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))  # 0, 20, 40, not 15, 30
+
+
+def plot_small_multiples(
+    axes, frame: pd.DataFrame, x: str, y: str, by: str, *, styles: Mapping[Any, Mapping[str, Any]] | None = None,
+    order: Sequence[Any] | None = None,
+) -> None:
+    """One panel per value of ``by`` (in ``order``; default sorted), titled with it: that group's mean +- sd over
+    seeds in its style, and every other group's mean as a thin grey line, so that groups whose bands would overlap in
+    one axes stay readable. ``axes``: as many as groups, best made with ``sharex``/``sharey``."""
+    groups = list(order) if order is not None else sorted(frame[by].unique())
+    axes = list(getattr(axes, "flat", axes))
+    if len(axes) != len(groups):
+        raise ValueError(f"{len(groups)} groups of {by!r} need {len(groups)} axes; got {len(axes)}")
+    stats = mean_sd(frame, x, y, [by])
+    for ax, group in zip(axes, groups, strict=True):
+        for other, rows in stats.groupby(by):
+            if other != group:
+                ax.plot(rows[x], rows["mean"], color="0.75", linewidth=0.8)
+        plot_mean_sd(ax, frame[frame[by] == group], x, y, by=[by], styles=styles)
+        ax.set_title(str(group))
 
 
 def plot_intervals(ax, paired: pd.DataFrame, label: str = "arm", title: str | None = None) -> None:
@@ -43,6 +67,7 @@ def plot_intervals(ax, paired: pd.DataFrame, label: str = "arm", title: str | No
     below, above = rows["mean_diff"] - rows["ci_low"], rows["ci_high"] - rows["mean_diff"]
     ax.errorbar(rows["mean_diff"], y, xerr=[below, above], fmt="o", capsize=3)
     ax.axvline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # few enough that labels such as -0.0125 do not collide
     ax.set_yticks(y, rows[label].tolist())
     if title:
         ax.set_title(title)

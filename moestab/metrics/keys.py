@@ -52,6 +52,7 @@ EVAL = "eval"
 ROUTING_SHARE = "routing share"
 DIAGNOSTICS = "diagnostics"
 REPLAYED = "replayed"
+BUDGET = "budget"
 CONDITIONS: dict[str, str] = {
     PHASE_TIMES: "the trainer times its rollout and its updates apart (`moestab train`)",
     REWARDS: "the trainer knows each sequence's reward and correctness (`moestab train`; TRL's micro-batches hold "
@@ -67,6 +68,9 @@ CONDITIONS: dict[str, str] = {
     EVAL: "an eval step (`--eval-every`, and the last step)",
     ROUTING_SHARE: "`--routing-share` (`moestab train`: one more no-grad forward per minibatch; the TRL "
                    "integration: `RecordSettings(routing_share=True)`, one per micro-batch; off by default in both)",
+    BUDGET: "a measurement budget below every sequence of every step (`moestab train --measure-fraction` < 1 or "
+            "`--measure-every` > 1; the TRL integration: `RecordSettings(budget=...)`); the sampled keys are absent "
+            "on an unmeasured step",
     REPLAYED: "the updates replay routes (`--routing-replay old`, `rollout` or `rollout-gates`)",
     DIAGNOSTICS: "the step was written by the diagnostics call for any trainer (`moestab.recording.diagnostics`, "
                  "docs/integrations.md): another framework's rollout and trainer routes, no `moestab train` step",
@@ -118,6 +122,15 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "and the extra forward replays the routes of TRL's pi_old forward, as under `off`.",
     ),
     "experts": ("Experts (`moestab.metrics.experts`)", ""),
+    "measure": (
+        "Measurement budget (`moestab.recording.budget`, `moestab.metrics.sampling`)",
+        "The forwards that exist only to measure (pi_new; the free pi_old under R3 / TRR; routing's share's "
+        "counterfactual) run on a seeded sample of whole groups and/or every N-th step. The keys they feed "
+        "(`routing/old_new/*`, and under R3 / TRR `routing/rollout_old_free/*`, `mismatch/rollout_old_free/*`, "
+        "`entropy/token_mean`, `experts/*`; `routing_share/*`) are then computed on the sampled tokens; the sampling "
+        "error of the change rates is the cluster-sampling standard error over groups with the finite-population "
+        "correction (Cochran eq. 6.13): 0 when every group was measured, null with one group.",
+    ),
 }
 
 ROUTE_METRIC_PAIRS = ("old_new", *schema.LOGP_PAIRS)
@@ -259,6 +272,14 @@ ROUTING_CHANGED_BY_LAYER = _row("routing/{pair}/changed_by_layer", PER_LAYER, f"
 ROUTING_ROUTER_FLIP_BY_LAYER = _row("routing/{pair}/router_flip_by_layer", PER_LAYER, _DIAG, "`router_flip` per MoE "
                                     "layer", "routing", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
                                     computed=False)
+ROUTING_CHANGED_SE = _row("routing/{pair}/changed_se", FLOAT, f"{_METRICS}.routing_metrics", "sampling error "
+                          "(standard error over the sampled groups) of `routing/{pair}/changed`", "measure",
+                          when=(BUDGET,), over=("old_new", "rollout_old_free"))
+ROUTING_ROUTER_FLIP_SE = _row("routing/{pair}/router_flip_se", FLOAT, f"{_METRICS}.routing_metrics", "sampling "
+                              "error of `routing/{pair}/router_flip`", "measure", when=(BUDGET,),
+                              over=("old_new", "rollout_old_free"))
+MEASURE_FRACTION = _row("measure/fraction", FLOAT, f"{_METRICS}.measure_metrics", "share of the step's sequences "
+                        "the measure-only forwards scored (0: an unmeasured step)", "measure", when=(BUDGET,))
 ROUTING_UPDATE_DRIFT = _row("routing/update_old/changed_by_minibatch", PER_MINIBATCH, f"{_METRICS}.drift_metrics",
                             "`changed` between the update forward's free routes and pi_old's, per minibatch index "
                             "(null for an empty one); null under R2/R3/TRR (the update forward does not choose its "
@@ -369,6 +390,8 @@ EVAL_ACCURACY = _row("eval/accuracy", FLOAT, "moestab.train.evaluate.greedy_accu
 ROUTE_CHANGE_KEYS = {"changed": ROUTING_CHANGED, "router_flip": ROUTING_ROUTER_FLIP, "token_flip": ROUTING_TOKEN_FLIP,
                      "changed_by_layer": ROUTING_CHANGED_BY_LAYER}
 """Statistics of :func:`moestab.metrics.routes.route_change` -> their key patterns (field ``pair``)."""
+ROUTE_CHANGE_SE_KEYS = {"changed": ROUTING_CHANGED_SE, "router_flip": ROUTING_ROUTER_FLIP_SE}
+"""Change rates whose sampling error a sampled pair logs -> their key patterns (field ``pair``)."""
 MISMATCH_KEYS = {"k1": MISMATCH_K1, "k3": MISMATCH_K3, "f2": MISMATCH_F2}
 """Statistics of :func:`moestab.metrics.mismatch.mismatch_stats` -> their key patterns (field ``pair``)."""
 SPREAD_KEYS = {"abs_d": MISMATCH_ABS_D, "sq_d": MISMATCH_SQ_D, "f5": MISMATCH_F5,

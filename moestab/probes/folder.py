@@ -18,6 +18,8 @@ import pandas as pd
 from moestab.probes.errors import ProbeError
 
 PROBE_JSON = "probe.json"
+TABLE_COLUMN = "table"
+"""First column of :meth:`ProbeResult.stacked_tables`: the table a row belongs to."""
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -34,6 +36,16 @@ class ProbeResult:
     def to_json(self) -> dict[str, object]:
         return {"probe": self.probe, "checkpoints": self.checkpoints, "suite": self.suite, "settings": self.settings,
                 "tables": {name: json.loads(t.to_json(orient="records")) for name, t in self.tables.items()}}
+
+    def stacked_tables(self) -> pd.DataFrame:
+        """Every table one under the other, a first column ``table`` naming the table of each row (columns: the
+        union, in order of appearance; a column another table lacks is empty there): the whole result as one CSV
+        (``moestab probe --csv``), where the probe folder keeps one CSV per table."""
+        frames = [table.assign(**{TABLE_COLUMN: name}) for name, table in self.tables.items()]
+        if not frames:
+            return pd.DataFrame(columns=[TABLE_COLUMN])
+        stacked = pd.concat(frames, ignore_index=True)
+        return stacked[[TABLE_COLUMN, *stacked.columns.drop(TABLE_COLUMN)]]
 
 
 def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
@@ -53,15 +65,12 @@ def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
     return out
 
 
-def check_output_targets(*, out: Path | None = None, csv: Path | None = None, plots: Path | None = None,
-                         json_file: str | None = None) -> None:
-    """Refuse, before a probe runs, outputs that could not be written: a folder option (``moestab probe --out``,
-    ``--csv``, ``--plots``) naming an existing file, or ``--json`` naming a folder (``-`` is stdout)."""
-    for path, what in ((out, "--out"), (csv, "--csv"), (plots, "--plots")):
+def check_output_targets(*, out: Path | None = None, plots: Path | None = None) -> None:
+    """Refuse, before a probe runs, a folder option (``moestab probe --out``, ``--plots``) naming an existing file.
+    (``--json`` and ``--csv`` are files, checked by the commands' shared rule for them.)"""
+    for path, what in ((out, "--out"), (plots, "--plots")):
         if path is not None and path.exists() and not path.is_dir():
             raise ProbeError(f"{what} {path} exists and is not a folder")
-    if json_file not in (None, "-") and Path(json_file).is_dir():
-        raise ProbeError(f"--json {json_file} is a folder; give a file, or '-' for stdout")
 
 
 def read_probe_folder(path: str | Path) -> ProbeResult:
@@ -104,3 +113,27 @@ def find_probe_folders(root: str | Path) -> list[Path]:
     """Probe folders at or below ``root`` (sorted)."""
     root = Path(root)
     return sorted(p.parent for p in root.rglob(PROBE_JSON))
+
+
+def describe_probe_folders(path: str | Path, *, limit: int = 5) -> str | None:
+    """One line naming the probe folders ``path`` is or holds, each with its probe as :func:`read_probe_folder`
+    reads it (or ``unreadable``); ``None`` when it holds none. What a command reading run folders says of the probe
+    folders it was handed (``moestab analyze runs/*`` meets ``runs/probes``): known, so skipped, not an error.
+    ``limit``: folders named; the others are counted."""
+    path = Path(path)
+    folders = find_probe_folders(path) if path.is_dir() else []
+    if not folders:
+        return None
+    if folders == [path]:
+        return f"{path} is a probe folder ({_probe_of(path)}), not a run"
+    named = [f"{folder.relative_to(path).as_posix()} ({_probe_of(folder)})" for folder in folders[:limit]]
+    more = f" and {len(folders) - limit} more" if len(folders) > limit else ""
+    return f"{path} holds {len(folders)} probe folder(s), not a run: {', '.join(named)}{more}"
+
+
+def _probe_of(folder: Path) -> str:
+    """The probe that wrote ``folder``, or ``unreadable`` (:func:`read_probe_folder` says why)."""
+    try:
+        return read_probe_folder(folder).probe
+    except ProbeError:
+        return "unreadable"

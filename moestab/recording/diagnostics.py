@@ -255,7 +255,7 @@ class DiagnosticsRun:
             writer = RunWriter(self.folder.path)
             environment = {"moestab": __version__, "host": socket.gethostname(), "trainer": self.config["trainer"]}
             writer.start(config=self.config, model=self.model, environment=environment,
-                         config_yaml=yaml.safe_dump(self.config, sort_keys=False))
+                         config_yaml=yaml.safe_dump(self.config, sort_keys=False), subfolders=())  # no tables
         except BaseException:
             stack.close()
             raise

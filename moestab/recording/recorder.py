@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
+import torch
 
 from moestab.metrics import keys
 from moestab.recording.step_tensors import StepTensors
@@ -28,9 +29,12 @@ def write_step_tokens(
     writer: StepWriter, step: int, t: StepTensors, *, record_fraction: float, seed: int, layer_slots: list[int],
 ) -> None:
     """Write the per-token table of ``step``: the sequences :func:`~moestab.recording.token_table.record_rows` draws
-    with ``seed`` (all of them at ``record_fraction`` 1), route columns on the routes' layer positions
-    ``layer_slots``."""
-    rows = record_rows(t.batch.batch_size, record_fraction, seed)
+    with ``seed`` (all of them at ``record_fraction`` 1) among those the measurement budget scored (every one
+    without a budget: ``t.measured``), route columns on the routes' layer positions ``layer_slots``."""
+    pool = torch.arange(t.batch.batch_size) if t.measured is None else torch.nonzero(t.measured).flatten()  # [n]
+    if not len(pool):
+        return
+    rows = pool[record_rows(len(pool), record_fraction, seed)]
     writer.write_tokens(step, token_table(step, t, rows=rows, layer_slots=layer_slots))
 
 

@@ -6,6 +6,10 @@ arrays several functions read built once), and returns their keys and the traine
 order. A function returns only keys its rows declare, and only those that apply (``{}`` for what the trainer did not
 supply). Every number is computed by :mod:`moestab.metrics`, which the analyzers also call on the per-token tables,
 so a logged value and its offline recomputation cannot drift apart.
+
+Under a measurement budget (``StepTensors.measured``), a metric that reads a column of ``StepTensors.sampled`` is
+computed on the measured tokens only; the route-change rates of such pairs also get their sampling error
+(``routing/<pair>/*_se``, :func:`moestab.metrics.sampling.ratio_se`), and an unmeasured step logs none of them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
 from moestab.metrics.routes import intersection_sizes, route_change
 from moestab.metrics.routing_share import routing_share, routing_share_by_minibatch
+from moestab.metrics.sampling import ratio_se
 from moestab.recording.step_tensors import StepTensors
 from moestab.records import schema
 
@@ -90,6 +95,31 @@ class StepView:
         """``[tokens]`` the 0-based minibatch that updated each token's sequence."""
         return _numpy(self.tensors.per_token(self.tensors.minibatch))
 
+    @cached_property
+    def group(self) -> np.ndarray:
+        """``[tokens]`` each token's group (the prompt its sequence answers)."""
+        t = self.tensors
+        return _numpy(t.per_token(torch.arange(t.batch.batch_size) // t.group_size))
+
+    @cached_property
+    def measured(self) -> np.ndarray:
+        """``[tokens]`` bool: the tokens the measure-only forwards scored (all of them without a budget)."""
+        t = self.tensors
+        if t.measured is None:
+            return np.ones(int(t.batch.response_mask.sum()), bool)
+        return _numpy(t.per_token(t.measured.to(torch.bool)))
+
+    def sampled(self, *columns: str) -> bool:
+        """Whether any of ``columns`` is known on the measured tokens only."""
+        return any(self.tensors.is_sampled(c) for c in columns)
+
+    def keep(self, *columns: str) -> np.ndarray | slice | None:
+        """Index of the tokens a metric of ``columns`` is computed on: the measured ones when any is sampled, None
+        when that is none (an unmeasured step: the metric is not logged)."""
+        if not self.sampled(*columns):
+            return slice(None)
+        return self.measured if self.measured.any() else None
+
     @property
     def top_k(self) -> int:
         return self.tensors.routes_old_free.top_k
@@ -127,8 +157,10 @@ def response_metrics(v: StepView) -> dict[str, float]:
         keys.RESPONSE_LENGTH_MAX: int(lengths.max()),
         keys.ADVANTAGE_NONZERO: (t.advantages != 0).float().mean().item(),
     }
-    if t.entropy is not None:
-        out[keys.ENTROPY] = rl.masked_mean(t.entropy, mask).item()
+    keep = v.keep(schema.COL_LOGP_OLD_FREE)  # the entropy comes from the free pi_old forward
+    if t.entropy is not None and keep is not None:
+        rows = t.measured if isinstance(keep, np.ndarray) else slice(None)
+        out[keys.ENTROPY] = rl.masked_mean(t.entropy[rows], mask[rows]).item()
     return out
 
 
@@ -159,13 +191,27 @@ def loss_metrics(v: StepView) -> dict[str, float]:
 
 
 def routing_metrics(v: StepView) -> dict[str, object]:
-    """Routing change of every pair of :data:`~moestab.metrics.keys.ROUTE_METRIC_PAIRS` over the step's tokens."""
+    """Routing change of every pair of :data:`~moestab.metrics.keys.ROUTE_METRIC_PAIRS` over the step's tokens (a
+    sampled pair: over the measured tokens, with the sampling error of ``changed`` and ``router_flip``; nothing on a
+    step that measured none)."""
     out: dict[str, object] = {}
     for pair in keys.ROUTE_METRIC_PAIRS:
-        rates = route_change(v.intersections(pair), v.top_k)  # one group: every value [1]
+        columns = schema.ROUTE_PAIRS[pair]
+        keep = v.keep(*columns)
+        if keep is None:
+            continue
+        inter = v.intersections(pair)[keep]  # [tokens', layers]
+        rates = route_change(inter, v.top_k)  # one group: every value [1]
         for stat, pattern in keys.ROUTE_CHANGE_KEYS.items():
             value = rates[stat][0]
             out[pattern.format(pair=pair)] = value.tolist() if value.ndim else float(value)
+        if v.sampled(*columns):
+            n_groups = len(v.tensors.examples)
+            by_group = route_change(inter, v.top_k, v.group[keep], n_groups)
+            scored = by_group["routers"] > 0  # [groups] the sampled ones
+            for stat, pattern in keys.ROUTE_CHANGE_SE_KEYS.items():
+                decisions = by_group["routers"][scored]  # [m]
+                out[pattern.format(pair=pair)] = ratio_se(by_group[stat][scored] * decisions, decisions, n_groups)
     return out
 
 
@@ -191,7 +237,10 @@ def mismatch_metrics(v: StepView) -> dict[str, float]:
     """Rollout -> trainer log-prob mismatch of every pair of ``schema.LOGP_PAIRS``."""
     out: dict[str, float] = {}
     for pair, (rollout, trainer) in schema.LOGP_PAIRS.items():
-        stats = mismatch_stats(v.logp[trainer], v.logp[rollout])
+        keep = v.keep(rollout, trainer)
+        if keep is None:
+            continue
+        stats = mismatch_stats(v.logp[trainer][keep], v.logp[rollout][keep])
         out.update({pattern.format(pair=pair): stats[stat] for stat, pattern in keys.MISMATCH_KEYS.items()})
     return out
 
@@ -213,14 +262,15 @@ def routing_share_metrics(v: StepView) -> dict[str, object]:
     when the trainer measured the counterfactual log-probs. The update forward is the free side under ``off`` and
     the replayed side under every replay mode; the counterfactual is the other."""
     t = v.tensors
-    if t.logp_update_counterfactual is None or t.clipped_counterfactual is None:
+    if t.logp_update_counterfactual is None or t.clipped_counterfactual is None or not v.measured.any():
         return {}
-    actual = (_numpy(t.tokens(t.log_w)), _numpy(t.tokens(t.clipped)))  # [tokens] each
-    other = (_numpy(t.tokens(t.log_w_counterfactual)), _numpy(t.tokens(t.clipped_counterfactual)))
+    keep = v.measured  # [tokens] the counterfactual forward scores the budget's sample
+    actual = (_numpy(t.tokens(t.log_w))[keep], _numpy(t.tokens(t.clipped))[keep])  # [tokens'] each
+    other = (_numpy(t.tokens(t.log_w_counterfactual))[keep], _numpy(t.tokens(t.clipped_counterfactual))[keep])
     (free_w, free_clip), (replayed_w, replayed_clip) = (actual, other) if v.replay == "off" else (other, actual)
     arrays = (free_w, replayed_w, free_clip, replayed_clip)
     out: dict[str, object] = {keys.ROUTING_SHARE_KEYS[stat]: value for stat, value in routing_share(*arrays).items()}
-    by_mb = routing_share_by_minibatch(*arrays, v.minibatch, int(t.minibatch.max()) + 1)
+    by_mb = routing_share_by_minibatch(*arrays, v.minibatch[keep], int(t.minibatch.max()) + 1)
     out.update({keys.ROUTING_SHARE_BY_MINIBATCH.format(stat=stat): values for stat, values in by_mb.items()})
     return out
 
@@ -229,18 +279,28 @@ def expert_metrics(v: StepView) -> dict[str, object]:
     """Expert load under pi_old (free) and, when recorded, its routers' entropy and confidence, per layer."""
     t = v.tensors
     free = t.routes_old_free
-    counts = expert_counts(v.routes[schema.COL_ROUTES_OLD_FREE], free.num_experts)  # [layers, experts]
+    keep = v.keep(schema.COL_ROUTES_OLD_FREE)
+    if keep is None:
+        return {}
+    counts = expert_counts(v.routes[schema.COL_ROUTES_OLD_FREE][keep], free.num_experts)  # [layers, experts]
     out: dict[str, object] = {
         keys.EXPERTS_LOAD: (counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)).round(6).tolist(),
         keys.EXPERTS_LOAD_ENTROPY: [float(x) for x in load_stats(counts)["load_entropy"]],
     }
+    rows = torch.as_tensor(keep) if isinstance(keep, np.ndarray) else keep
     if free.entropy is not None:
-        out[keys.EXPERTS_ROUTER_ENTROPY] = t.response(free.entropy).mean(0).tolist()  # [layers]
+        out[keys.EXPERTS_ROUTER_ENTROPY] = t.response(free.entropy)[rows].mean(0).tolist()  # [layers]
     if free.confidence is not None:
-        confidence = t.response(free.confidence)  # [tokens, layers]
+        confidence = t.response(free.confidence)[rows]  # [tokens', layers]
         out[keys.EXPERTS_CONFIDENCE] = confidence.mean(0).tolist()
         out[keys.EXPERTS_CONFIDENCE_MEAN] = confidence.mean().item()
     return out
+
+
+def measure_metrics(v: StepView) -> dict[str, float]:
+    """Under a measurement budget, the share of the step's sequences the measure-only forwards scored."""
+    measured = v.tensors.measured
+    return {} if measured is None else {keys.MEASURE_FRACTION: measured.float().mean().item()}
 
 
 # ---- the line ---------------------------------------------------------------------------------------------------

@@ -45,6 +45,23 @@ class StepTensors:
     clipped_counterfactual: torch.Tensor | None = None
     """``[B, T]`` bool: the token's governing ratio would have been clipped with ``logp_update_counterfactual``
     (the loss's clip rule, every other input as in the update); None when not measured."""
+    measured: torch.Tensor | None = None
+    """``[B]`` bool: the sequences the measure-only forwards scored (a ``MeasureBudget``'s sample of whole groups,
+    :mod:`moestab.recording.budget`); None: every sequence. The fields named in ``sampled`` hold values on these rows
+    only (log-probs NaN, routes -1 elsewhere), and so do the counterfactual log-probs when present."""
+    sampled: frozenset[str] = frozenset()
+    """Token-table columns (``schema.COL_*``) produced by a measure-only forward, hence known on ``measured`` rows
+    only: ``routes_new`` / ``logp_new`` always, ``routes_old_free`` / ``logp_old_free`` (and the token entropy, from
+    the same forward) under R3 / TRR, whose ratio uses a replayed pi_old."""
+
+    @property
+    def group_size(self) -> int:
+        """Sequences per prompt (the batch holds ``len(examples)`` whole groups)."""
+        return self.batch.batch_size // len(self.examples)
+
+    def is_sampled(self, column: str) -> bool:
+        """Whether ``column``'s values exist only on the ``measured`` rows (a strict subset of the batch)."""
+        return self.measured is not None and column in self.sampled and not bool(self.measured.all())
 
     def to(self, device: torch.device | str) -> StepTensors:
         """These tensors on ``device`` (e.g. the CPU, before they are sent to another process)."""
@@ -116,6 +133,7 @@ def cat_step_tensors(parts: list[StepTensors], pad_token_id: int) -> StepTensors
         else tokens(lambda p: p.logp_update_counterfactual, 0.0),
         clipped_counterfactual=None if parts[0].clipped_counterfactual is None
         else tokens(lambda p: p.clipped_counterfactual, False),
+        measured=None if parts[0].measured is None else rows(lambda p: p.measured), sampled=parts[0].sampled,
     )
 
 

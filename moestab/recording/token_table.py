@@ -8,6 +8,7 @@ import torch
 
 from moestab.recording.step_tensors import StepTensors
 from moestab.records import schema
+from moestab.records.route_columns import encode_routes, route_layout_for, with_route_layout
 
 
 def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
@@ -23,10 +24,19 @@ def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
 
 
-def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: list[int]) -> pa.Table:
+def token_table(
+    step: int,
+    t: StepTensors,
+    *,
+    rows: torch.Tensor,
+    layer_slots: list[int],
+    schema_version: int = schema.SCHEMA_VERSION,
+) -> pa.Table:
     """One row per response token of the sequences ``rows``; route columns keep ``layer_slots``.
 
-    ``layer_slots`` are positions on the routes' layer axis (not decoder-layer numbers).
+    ``layer_slots`` are positions on the routes' layer axis (not decoder-layer numbers). Route columns are binary
+    (schema version 3, their layout in the table's schema metadata: :mod:`moestab.records.route_columns`);
+    ``schema_version=2`` writes that version's ``FixedSizeList<int16>`` instead, only to compare the two layouts.
     """
     batch = t.batch
     P = batch.prompt_len
@@ -41,9 +51,12 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
     def seq_col(x: torch.Tensor) -> np.ndarray:  # [B] -> [N]
         return x[rows][:, None].expand(b, T)[mask].cpu().numpy()
 
-    def routes(indices: torch.Tensor) -> pa.FixedSizeListArray:  # [B, L, layers, k] -> [N] lists
-        r = indices[rows][:, P - 1 :][mask][:, layer_slots]  # [N, layers', k]
-        return _fixed_list(r.to(torch.int16).cpu().numpy(), r.shape[1] * r.shape[2])
+    top_k = batch.routes.indices.shape[-1]
+    layout = route_layout_for(t.routes_old_free.num_experts, len(layer_slots), top_k, schema_version=schema_version)
+
+    def routes(indices: torch.Tensor) -> pa.Array:  # [B, L, layers, k] -> [N] rows of layers' * k ids
+        r = indices[rows][:, P - 1 :][mask][:, layer_slots].to(torch.int16).cpu().numpy()  # [N, layers', k]
+        return encode_routes(r, layout)
 
     def per_layer(values: torch.Tensor) -> pa.FixedSizeListArray:  # [B, L, layers] -> [N] lists of layers'
         v = values[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
@@ -75,4 +88,4 @@ def token_table(step: int, t: StepTensors, *, rows: torch.Tensor, layer_slots: l
         schema.COL_MARGIN_OLD: per_layer(t.routes_old_free.margin),
         schema.COL_CONFIDENCE_OLD: per_layer(t.routes_old_free.confidence),
     }
-    return pa.table(columns)
+    return with_route_layout(pa.table(columns), layout)

@@ -8,6 +8,7 @@ The only package that reads or writes a run folder:
 - ``run_info``  ``RunInfo`` / ``ModelInfo``: run.json as typed objects (``read_run_info``)
 - ``writer``    ``RunWriter``: run.json, metrics.jsonl, per-token tables, written atomically
 - ``reader``    metrics.jsonl and the per-token tables, streamed; ``Skipped`` parts reported, not warned
+- ``route_columns``  how the per-token tables' route columns hold expert ids (binary, version 3; lists, version 2)
 - ``lock``      one writer per run folder (``run_lock``)
 - ``errors``    ``NotARunError``, ``SchemaVersionError``, ``RunFileError``, ``Skipped``
 """

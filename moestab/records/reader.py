@@ -5,7 +5,8 @@
 - :func:`list_token_files`, :func:`list_checkpoints`  what the run holds, by step
 - :func:`iter_token_batches`, :func:`iter_run_batches`  per-token Parquet streamed by row group, so a
   record larger than memory can be summarised in bounded memory
-- :func:`route_array`, :func:`margin_array`  FixedSizeList columns -> numpy, zero-copy
+- :func:`route_array`, :func:`margin_array`  route and per-layer columns -> numpy (route columns of either layout,
+  :mod:`moestab.records.route_columns`)
 - :func:`load_tokens`       the scalar per-token columns of a run as one DataFrame (small runs)
 
 Errors: :class:`NotARunError` (no run.json), :class:`SchemaVersionError` (a schema this moestab does
@@ -29,14 +30,16 @@ import pyarrow.parquet as pq
 
 from moestab.records import schema
 from moestab.records.errors import RunFileError, Skipped, skip
+from moestab.records.route_columns import RouteLayout, route_layout
 from moestab.records.run_info import RunInfo, read_run_info
 
 __all__ = ["RunInfo", "read_run_info"]  # extended below by the readers' own names
 
-# Values (list items included) per streamed batch when ``batch_rows`` is not given. Decoding a
-# FixedSizeList column from Parquet holds several bytes per value besides the result, so peak memory
-# follows the batch size (measured in bench/bench_analysis.py): 4M values, e.g. 5,461 rows of two
-# 48-layer top-8 route columns, keep a stream near 200 MiB.
+# Values (list items included) per streamed batch when ``batch_rows`` is not given. Decoding a FixedSizeList column
+# from Parquet holds several bytes per value besides the result, so peak memory follows the batch size (measured in
+# bench/bench_analysis.py): 4M values, e.g. 5,461 rows of two 48-layer top-8 route columns, keep a stream near
+# 200 MiB. A binary route column holds only its bytes and the int16 result: it counts half its bytes, so twice the
+# rows (10,922 of two uint8 columns) keep the same peak (~215 MiB) in fewer, cheaper batches.
 DEFAULT_BATCH_VALUES = 1 << 22
 _READ_BUFFER = 1 << 20  # bytes of Parquet read buffer per column
 
@@ -159,12 +162,18 @@ def open_token_file(path: str | Path) -> pq.ParquetFile:
 
 
 def default_batch_rows(arrow_schema: pa.Schema, columns: Sequence[str] | None = None) -> int:
-    """Rows per batch so that a batch of ``columns`` holds about :data:`DEFAULT_BATCH_VALUES` values."""
+    """Rows per batch so that a batch of ``columns`` holds about :data:`DEFAULT_BATCH_VALUES` values (a fixed-size
+    binary column counts half its bytes: see :data:`DEFAULT_BATCH_VALUES`)."""
     names = list(columns) if columns is not None else arrow_schema.names
     width = 0
     for name in names:
         kind = arrow_schema.field(name).type
-        width += int(kind.list_size) if pa.types.is_fixed_size_list(kind) else 1
+        if pa.types.is_fixed_size_list(kind):
+            width += int(kind.list_size)
+        elif pa.types.is_fixed_size_binary(kind):
+            width += max(1, int(kind.byte_width) // 2)
+        else:
+            width += 1
     return max(1024, DEFAULT_BATCH_VALUES // max(width, 1))
 
 
@@ -254,14 +263,24 @@ def _fixed_list_values(column: pa.Array | pa.ChunkedArray, width: int, fill: Any
     return out
 
 
-def route_array(column: pa.Array | pa.ChunkedArray, top_k: int) -> np.ndarray:
-    """A route column (FixedSizeList<int16>[layers * top_k]) as an int16 array ``[rows, layers, top_k]``.
+def route_array(column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLayout | None = None) -> np.ndarray:
+    """A route column as an int16 array ``[rows, layers, top_k]``, -1 where a route was not recorded.
 
-    Zero-copy when the column has no nulls (the normal case): the array is a read-only view of the
-    Arrow buffer. Nulls, not part of the format, are read as -1 (not recorded).
+    Either layout: schema version 3's ``FixedSizeBinary`` is decoded with ``layout``, its table's
+    :func:`~moestab.records.route_columns.route_layout` (``route_layout(batch.schema)``); version 2's
+    ``FixedSizeList<int16>[layers * top_k]`` (or plain lists) needs none. Zero-copy when the column is int16
+    without nulls (the normal case of version 2): the array is a read-only view of the Arrow buffer; a uint8
+    column is widened (one copy). Nulls, not part of the format, are read as -1 (not recorded).
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if pa.types.is_fixed_size_binary(column.type):
+        if layout is None:
+            raise ValueError("a binary route column needs its table's layout: route_array(column, top_k, "
+                             "route_layout(schema)); the table's schema metadata has none")
+        if layout.top_k != top_k:
+            raise ValueError(f"route column holds top-{layout.top_k} decisions, expected top_k={top_k}")
+        return layout.decode(column)
     width = _list_width(column)
     if width % top_k:
         raise ValueError(f"route column has {width} items per row, not a multiple of top_k={top_k}")
@@ -280,11 +299,12 @@ def iter_run_routes(
     batch_rows: int | None = None,
     skipped: list[Skipped] | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch, dict[str, np.ndarray]]]:
-    """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays.
+    """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays (:func:`route_array`,
+    either layout: each table is decoded by its own column types and schema metadata).
 
     Yields ``(step, batch, {column: routes})``. A file whose route column is malformed (a width that
-    is not a multiple of ``top_k``, route columns of different widths) goes to ``skipped`` from there
-    on (raises with ``skipped=None``).
+    is not a multiple of ``top_k``, route columns of different widths, a binary column without its layout)
+    goes to ``skipped`` from there on (raises with ``skipped=None``).
     """
     bad: set[int] = set()
     columns = [*route_columns, *(c for c in other_columns if c not in route_columns)]
@@ -292,7 +312,8 @@ def iter_run_routes(
         if step in bad:
             continue
         try:
-            routes = {c: route_array(batch.column(c), top_k) for c in route_columns}
+            layout = route_layout(batch.schema)
+            routes = {c: route_array(batch.column(c), top_k, layout) for c in route_columns}
             if len({r.shape[1] for r in routes.values()}) > 1:
                 raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
         except (ValueError, pa.ArrowException) as exc:
@@ -326,8 +347,10 @@ def _list_width(column: pa.Array | pa.ChunkedArray) -> int:
 
 
 def scalar_columns(parquet_schema: pa.Schema) -> list[str]:
-    """Names of the non-list columns of a per-token table schema."""
-    return [f.name for f in parquet_schema if not pa.types.is_nested(f.type)]
+    """Names of the one-value-a-row columns of a per-token table schema: not the per-layer lists, nor the route
+    columns in either layout (lists, or schema version 3's fixed-size binary)."""
+    return [f.name for f in parquet_schema
+            if not pa.types.is_nested(f.type) and not pa.types.is_fixed_size_binary(f.type)]
 
 
 def load_tokens(
@@ -338,8 +361,8 @@ def load_tokens(
 ) -> pd.DataFrame:
     """The scalar per-token columns of a run's tables (``steps`` only, if given) as one DataFrame.
 
-    ``columns`` defaults to every non-list column (route and margin columns are read with
-    :func:`route_array` / :func:`margin_array` instead). Holds everything in memory: for large runs
+    ``columns`` defaults to every one-value-a-row column (:func:`scalar_columns`; route and margin columns are
+    read with :func:`route_array` / :func:`margin_array` instead). Holds everything in memory: for large runs
     pass only the columns needed, or stream with :func:`iter_run_batches`. Unreadable files go to
     ``skipped`` (raise with ``skipped=None``).
     """
@@ -367,7 +390,7 @@ def load_tokens(
 
 
 def read_routes(path: str | Path, column: str, top_k: int) -> np.ndarray:
-    """One route column of one per-token table, whole, as int16 ``[rows, layers, top_k]``."""
+    """One route column of one per-token table (either layout), whole, as int16 ``[rows, layers, top_k]``."""
     parquet = open_token_file(path)
     if column not in parquet.schema_arrow.names:
         raise RunFileError(path, f"missing column {column!r}")
@@ -375,7 +398,7 @@ def read_routes(path: str | Path, column: str, top_k: int) -> np.ndarray:
         table = parquet.read(columns=[column])
     except (OSError, pa.ArrowException) as exc:
         raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
-    return route_array(table.column(column), top_k)
+    return route_array(table.column(column), top_k, route_layout(parquet.schema_arrow))
 
 
 def finite_or_none(value: Any) -> float | None:
@@ -404,5 +427,6 @@ __all__ += [
     "open_token_file",
     "read_routes",
     "route_array",
+    "route_layout",
     "scalar_columns",
 ]

@@ -91,6 +91,9 @@ class RunInfo:
     """Eval accuracy after training (finished runs); run.json ``final.accuracy``."""
     error: str | None = None
     """Message of a failed or interrupted run."""
+    warnings: tuple[str, ...] = ()
+    """What the writer noticed while the run went on that makes its numbers read oddly (e.g. a TRL run whose policy
+    never changed, so its old->new volatility is 0 for that reason), each once; run.json omits the key when empty."""
     environment: dict[str, Any] = field(default_factory=dict)
     """What the numbers may depend on besides the config: ``torch_threads``, ``torch``, ``transformers``."""
     writer: dict[str, Any] = field(default_factory=dict)
@@ -197,6 +200,8 @@ class RunInfo:
             out["final"] = {"accuracy": self.final_accuracy}
         if self.error is not None:
             out["error"] = self.error
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return json_safe(out)
 
     @classmethod
@@ -212,7 +217,7 @@ class RunInfo:
                 f"{source}: schema_version {version} is newer than this moestab reads "
                 f"({schema.SCHEMA_VERSION}); upgrade moestab to analyse this run"
             )
-        if version < schema.SCHEMA_VERSION:
+        if version < schema.OLDEST_READ_VERSION:
             raise SchemaVersionError(
                 f"{source}: schema_version {version} was written by an older moestab whose pi_old columns and "
                 f"mismatch keys meant different things under R3; it cannot be upgraded (the free pi_old was not "
@@ -236,6 +241,7 @@ class RunInfo:
                 warm_start=raw.get("warm_start"),
                 final_accuracy=(raw.get("final") or {}).get("accuracy"),
                 error=raw.get("error"),
+                warnings=tuple(_strs(raw.get("warnings", []))),
                 environment=dict(raw.get("environment") or {}),
                 writer=dict(raw.get("writer") or {}),
                 moestab_version=str(raw.get("moestab_version", "")),
@@ -254,6 +260,12 @@ class RunInfo:
         return info
 
 
+def _strs(values: Any) -> list[str]:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"expected a list of strings, got {values!r}")
+    return values
+
+
 def _ints(values: Any) -> list[int]:
     if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"expected a list of integers, got {values!r}")
@@ -265,7 +277,8 @@ def read_run_info(run: str | Path) -> RunInfo:
 
     Raises :class:`NotARunError` if ``run`` is not a folder with a run.json, :class:`RunFileError` if
     run.json is not valid JSON in the run format, and :class:`SchemaVersionError` if its schema version
-    is not :data:`moestab.records.schema.SCHEMA_VERSION`.
+    is not one this moestab reads (:data:`~moestab.records.schema.OLDEST_READ_VERSION` to
+    :data:`~moestab.records.schema.SCHEMA_VERSION`).
     """
     path = Path(run)
     if not path.is_dir():

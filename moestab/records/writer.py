@@ -6,17 +6,22 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moestab.records.folder import RunFolder
+from moestab.records import schema
+from moestab.records.folder import RUN_SUBFOLDERS, RunFolder
+from moestab.records.route_columns import token_parquet_options
 from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info, this_writer
 
 HEARTBEAT_S = 60.0
 """How often a running writer renews run.json's ``writer.heartbeat`` (see ``RunInfo.live_status``)."""
+TOKEN_ROW_GROUP = 65_536
+"""Rows per Parquet row group of a per-token table."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -48,11 +53,23 @@ class RunWriter:
         return read_run_info(self.dir)
 
     def start(
-        self, *, config: dict[str, Any], model: ModelInfo, environment: dict[str, Any], config_yaml: str
+        self, *, config: dict[str, Any], model: ModelInfo, environment: dict[str, Any], config_yaml: str,
+        subfolders: Sequence[str] = RUN_SUBFOLDERS,
     ) -> RunInfo:
-        """Create the folder layout and a ``running`` run.json."""
-        for sub in self.folder.subfolders():
-            sub.mkdir(parents=True, exist_ok=True)
+        """Create the folder layout and a ``running`` run.json.
+
+        ``subfolders``: the folders of :data:`~moestab.records.folder.RUN_SUBFOLDERS` this writer fills (``moestab
+        train``: all). A writer that saves no checkpoints and no training state (the TRL integration) names only
+        ``tokens``: an empty ``checkpoints/`` or ``state/`` would suggest a run that checkpoints and can be resumed.
+        Any other name is a ``ValueError``, raised before anything is written."""
+        if isinstance(subfolders, str):
+            raise ValueError(f"subfolders is a sequence of folder names, got the string {subfolders!r}")
+        unknown = [name for name in subfolders if name not in RUN_SUBFOLDERS]
+        if unknown:
+            raise ValueError(f"subfolders {unknown} are not run subfolders; valid: {list(RUN_SUBFOLDERS)}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for name in subfolders:
+            (self.dir / name).mkdir(exist_ok=True)
         atomic_write_text(self.folder.config_yaml, config_yaml)
         info = RunInfo(config=config, model=model, environment=environment, writer=this_writer(),
                        created=now(), updated=now())
@@ -61,9 +78,22 @@ class RunWriter:
         return info
 
     def update(self, **fields: Any) -> RunInfo:
-        """Change ``fields`` of run.json (names of :class:`RunInfo` fields), stamp ``updated`` and the heartbeat."""
+        """Change ``fields`` of run.json (names of :class:`RunInfo` fields), stamp ``updated`` and the heartbeat.
+
+        Also stamps the current ``schema_version``: a run of an older version this moestab continues (``--resume``)
+        gets tables of the current layout, which that version's readers would misread."""
         with self._lock:
-            info = self.read_info().updated_with(**fields, writer=this_writer())
+            info = self.read_info().updated_with(**fields, writer=this_writer(), schema_version=schema.SCHEMA_VERSION)
+            self._write_info(info)
+        return info
+
+    def add_warning(self, message: str) -> RunInfo:
+        """Append ``message`` to run.json's ``warnings`` (what the writer noticed that makes the numbers read
+        oddly), under the same lock as :meth:`update`, so the heartbeat thread cannot write over it."""
+        with self._lock:
+            info = self.read_info()
+            info = info.updated_with(warnings=(*info.warnings, message), writer=this_writer(),
+                                     schema_version=schema.SCHEMA_VERSION)
             self._write_info(info)
         return info
 
@@ -102,11 +132,13 @@ class RunWriter:
         atomic_write_text(path, "".join(f"{line}\n" for line in keep))
         return torn
 
-    def write_tokens(self, step: int, table: pa.Table) -> None:
+    def write_tokens(self, step: int, table: pa.Table, *, row_group_size: int = TOKEN_ROW_GROUP) -> None:
+        """Write the per-token table of ``step`` (built by ``moestab.recording.token_table``), its binary route
+        columns plain and uncompressed (:func:`~moestab.records.route_columns.token_parquet_options`)."""
         path = self.folder.tokens_file(step)
         tmp = path.with_name(f".{path.name}.tmp")
         try:
-            pq.write_table(table, tmp, row_group_size=65_536)
+            pq.write_table(table, tmp, row_group_size=row_group_size, **token_parquet_options(table.schema))
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from moestab.configs import (
     load_yaml,
 )
 from moestab.models.spec import is_embedded, parse_model_spec
+from moestab.recording.budget import MeasureBudget
 from moestab.records.schema import GATE_REPLAY_MODES, REPLAY_MODES
 
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
@@ -115,6 +116,15 @@ class TrainConfig:
     replayed), at the cost of one forward per minibatch; the weights and every other metric are unchanged. Off by
     default so the default run stays bit-identical; the controlled experiment's configs set it
     (`routing_share: true`)."""
+    measure_fraction: float = 1.0
+    """Measurement budget (moestab.recording.budget): share of each measured step's groups that the forwards existing
+    only to measure score (pi_new for old->new volatility; the free pi_old under R3 / TRR; routing share's
+    counterfactual), whole groups drawn by the seeded rule run.json records (environment.measure_rule). Their
+    metrics are then estimates logged with their sampling error (docs/metrics.md, "Measurement budget"), and the
+    per-token tables hold the measured sequences only. The weights and every other metric are unchanged."""
+    measure_every: int = 1
+    """Measurement budget: run those forwards on steps 1, 1 + N, 1 + 2N, ... only; the other steps log no
+    volatility and write no per-token table."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
     gamma_min: float | None = None
@@ -265,6 +275,12 @@ class TrainConfig:
             raise ConfigError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if not 0 <= self.warm_start_target <= 1:
             raise ConfigError(f"warm_start_target must be in [0, 1], got {self.warm_start_target}")
+        check_finite("measure_fraction", self.measure_fraction, "in (0, 1]", lambda v: 0 < v <= 1)
+        check_at_least("measure_every", self.measure_every, 1)
+        if self.nproc > 1 and not self.budget.full:
+            raise ConfigError(f"a measurement budget (measure_fraction {self.measure_fraction}, measure_every "
+                              f"{self.measure_every}) runs in one process only; use nproc 1 or measure_fraction 1 "
+                              "and measure_every 1")
         check_finite("replay_score_ratio", self.replay_score_ratio, "in [0, 1]", lambda v: 0 <= v <= 1)
         if self.replay_score_ratio and self.routing_replay not in ("old", "rollout"):
             raise ConfigError(f"replay_score_ratio: a score threshold filters replayed experts, so it needs "
@@ -296,6 +312,11 @@ class TrainConfig:
             if isinstance(value, str) and not value.strip():
                 raise ConfigError(f"{name} is empty; give {what}")
         check_cache_dir("cache_dir", self.cache_dir)
+
+    @property
+    def budget(self) -> MeasureBudget:
+        """The measurement budget of ``measure_fraction`` and ``measure_every``."""
+        return MeasureBudget(fraction=self.measure_fraction, every=self.measure_every)
 
     def resolved_preset(self) -> AlgorithmPreset:
         """The algorithm preset with this config's overrides (clip range, kl_coef, gamma_min) applied."""

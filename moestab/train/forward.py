@@ -131,3 +131,54 @@ def chunked_policy_forward(
         routes = Routes.cat([p.routes for _, p in parts]).select(inverse)
         routes = replace(routes, rows=None)
     return PolicyForward(logp=gather(lambda p: p.logp), entropy=gather(lambda p: p.entropy), routes=routes)
+
+
+def measured_forward(
+    model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], measured: torch.Tensor, **kwargs,
+) -> PolicyForward:
+    """:func:`chunked_policy_forward` (``kwargs``: its options) of the ``measured`` rows ``[B]`` bool only, in the
+    ``chunks`` restricted to them, laid out over the whole batch: the other rows hold NaN log-probs, entropies and
+    router statistics and -1 routes (not recorded). No row measured: no forward runs."""
+    rows = torch.nonzero(measured).flatten()  # [m]
+    record = kwargs.get("record", True)
+    if len(rows):
+        position = torch.full((batch.batch_size,), -1, dtype=torch.long)  # [B] row -> row of the sample
+        position[rows] = torch.arange(len(rows))
+        sub_chunks = [position[c[measured[c]]] for c in chunks if bool(measured[c].any())]
+        part = chunked_policy_forward(model, batch.select(rows), sub_chunks, **kwargs)
+    else:
+        part = None
+
+    def spread(values: torch.Tensor | None, fill: float, shape: tuple[int, ...]) -> torch.Tensor | None:
+        if values is None and part is not None:
+            return None
+        out = torch.full((batch.batch_size, *shape), fill, dtype=torch.float32 if values is None else values.dtype,
+                         device=batch.input_ids.device)
+        if values is not None:
+            out[rows.to(out.device)] = values
+        return out
+
+    T = batch.response_mask.shape[1]
+    logp = spread(None if part is None else part.logp, float("nan"), (T,))  # [B, T]
+    entropy = spread(None if part is None else part.entropy, float("nan"), (T,)) if kwargs.get("entropy") else None
+    routes = None
+    if record:
+        like = batch.routes  # [B, L, layers, k]: every trainer forward routes the same layers
+        indices = torch.full_like(like.indices, -1)  # [B, L, layers, k]
+        stats: dict[str, torch.Tensor | None] = {"margin": None, "entropy": None, "confidence": None,
+                                                 "router_logprobs": None, "slot_scores": None, "gates": None}
+        if part is not None:
+            got = part.routes
+            indices[rows.to(indices.device)] = got.indices.to(indices.device)
+            for name in stats:
+                value = getattr(got, name)
+                if value is not None:
+                    full = torch.full((batch.batch_size, *value.shape[1:]), float("nan"), dtype=value.dtype,
+                                      device=value.device)
+                    full[rows.to(value.device)] = value
+                    stats[name] = full
+            layers, num_experts = got.layers, got.num_experts
+        else:
+            layers, num_experts = like.layers, like.num_experts
+        routes = Routes(indices=indices, layers=layers, num_experts=num_experts, **stats)
+    return PolicyForward(logp=logp, entropy=entropy, routes=routes)

@@ -300,17 +300,20 @@ class _Steps:
         torch.manual_seed(rank_seed(seed, world.rank))
         examples, skipped = self._examples(step, seed)
         draw_more = extra_examples(self.task, config.prompts_per_step, config.seed, step)
+        budget = config.budget
+        measured = None if budget.full else budget.rows(step, config.prompts_per_step * config.group_size,
+                                                        config.group_size, seed + 2)  # [B]
         metrics, tensors = run_step(
             model=p.model, optimizer=p.optimizer, engine=engine, task=self.task, settings=self.settings,
             examples=examples[share],
             generator=torch.Generator().manual_seed(seed), ref_model=p.ref_model,
-            draw_more=lambda r, draw=draw_more: draw(r)[share], world=world,
+            draw_more=lambda r, draw=draw_more: draw(r)[share], world=world, measured=measured,
         )
         metrics.update(skipped)
         if history is not None:  # rank 0 holds the whole step: every rank keeps the same history
             solved = world.broadcast((tensors.examples, tensors.correct) if main else None)
             history.record(*solved, config.group_size)
-        if main:
+        if main and budget.measures_step(step):
             write_step_tokens(writer, step, tensors, record_fraction=config.record_fraction, seed=seed + 1,
                               layer_slots=p.record_slots)
         if step % config.eval_every == 0 or step == config.steps:

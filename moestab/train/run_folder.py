@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from moestab.configs import config_to_dict
+from moestab.recording.budget import RULE as MEASURE_RULE
 from moestab.records import RunFolder, RunFolderError, schema
 from moestab.records.lock import RunLockedError
 from moestab.records.run_info import ModelInfo, RunInfo
@@ -117,7 +118,7 @@ def environment(world: World) -> dict:
     import transformers
 
     return {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "world_size": world.size}
+            "transformers": transformers.__version__, "world_size": world.size, "measure_rule": MEASURE_RULE}
 
 
 class TrainRun:

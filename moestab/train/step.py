@@ -16,6 +16,14 @@ replays plainly, so the replaced share is measured against the routes of ``logp_
 Whatever the mode, the trainer's *free* routes under pi_old and, after the updates, under the new
 policy are recorded, so routing volatility is measured even when replay hides it from the loss.
 
+A measurement budget (``measured``: :mod:`moestab.recording.budget`) runs the forwards that exist only to measure
+(pi_new, the free pi_old under R3 / TRR, the counterfactual of routing's share) on a sample of whole groups, or on
+no row at all on an unmeasured step; the rows left out hold NaN log-probs and -1 routes, and ``StepTensors.measured``
+/ ``sampled`` say which. The sample is forwarded in the minibatches' chunks restricted to its rows. Under R3 / TRR
+both sides of old->new are such chunks; under off / R2 pi_old's are the whole minibatches, and the smaller shape
+changes a row's outputs by rounding only (on the CPU up to ~3e-7 in the logits, no routing decision flipped:
+``tests/train/test_measure_budget.py``; on a GPU kernels may round more differently between shapes).
+
 With ``routing_share`` each minibatch is scored once more before its optimizer step, without grad, on the same
 weights with the other routing than its update forward's: pi_old's trainer routes replayed under ``off``, free
 routing under R2 / R3 / TRR (whose update forward replays the routes pi_old's ratio used). The step's metrics then
@@ -50,7 +58,13 @@ from moestab.routing import Routes, gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
-from moestab.train.forward import PolicyForward, chunked_policy_forward, policy_forward, response_routes
+from moestab.train.forward import (
+    PolicyForward,
+    chunked_policy_forward,
+    measured_forward,
+    policy_forward,
+    response_routes,
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -82,6 +96,11 @@ class StepSettings:
     routing_share: bool = False
     """Score each minibatch once more on its update's weights with the other routing (:func:`_counterfactual_logp`)
     for routing's share of the ratio (``routing_share/*``)."""
+
+    def free_old_is_measurement(self) -> bool:
+        """Whether the free pi_old forward serves only measurement: under R3 / TRR the ratio replays the rollout's
+        routes, unless the objective reads the free routers' log-probs."""
+        return schema.REPLAY_ROUTES[self.replay] == "rollout" and not _needs_router_logprobs(self.preset)
 
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -231,12 +250,17 @@ def _whole_step_parts(world: World, kept: list[tuple[int, _Part]], spare: list[t
 @torch.no_grad()
 def _old_policy(
     model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], s: StepSettings,
-    ref_model: PreTrainedModel | None,
+    ref_model: PreTrainedModel | None, measured: torch.Tensor | None,
 ) -> _OldPolicy:
     # The free forward records the trainer's own routes (and margins for the records). Under R3 / TRR the
-    # ratio uses a second forward that replays the rollout engine's routes (TRR: and its gates).
-    free = chunked_policy_forward(model, batch, chunks, temperature=s.temperature,
-                                  router_logprobs=_needs_router_logprobs(s.preset), entropy=True, router_stats=True)
+    # ratio uses a second forward that replays the rollout engine's routes (TRR: and its gates), and the free one
+    # only measures: it runs on the budget's sample.
+    kwargs = dict(temperature=s.temperature, router_logprobs=_needs_router_logprobs(s.preset), entropy=True,
+                  router_stats=True)
+    if s.free_old_is_measurement() and measured is not None:
+        free = measured_forward(model, batch, chunks, measured, **kwargs)
+    else:
+        free = chunked_policy_forward(model, batch, chunks, **kwargs)
     logp, routes = free.logp, free.routes.indices
     if schema.REPLAY_ROUTES[s.replay] == "rollout":
         logp = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, replay=batch.routes,
@@ -296,11 +320,11 @@ def _loss_inputs(
 
 
 def _counterfactual_logp(
-    model: PreTrainedModel, batch: RolloutBatch, s: StepSettings, replay: Routes | None,
+    model: PreTrainedModel, batch: RolloutBatch, s: StepSettings, replay: Routes | None, rows: torch.Tensor,
 ) -> torch.Tensor | None:
     """``[b, T]`` the minibatch ``batch``'s log-probs on the current weights with the other routing than the update's
-    (``replay``: pi_old's trainer routes when the update routes freely, None (free) when it replays), or None
-    when ``s.routing_share`` is off.
+    (``replay``: pi_old's trainer routes when the update routes freely, None (free) when it replays), scored on
+    its ``rows`` (the measurement budget's; NaN elsewhere), or None when ``s.routing_share`` is off.
 
     No grad, no recording, and the random number generators are restored afterwards: the update forward that
     follows draws what it would have drawn without this one (dropout, router jitter), so the run's weights and
@@ -308,20 +332,30 @@ def _counterfactual_logp(
     """
     if not s.routing_share:
         return None
+    logp = torch.full(batch.response_mask.shape, float("nan"), device=batch.response_mask.device)  # [b, T]
+    if not len(rows):
+        return logp
     on_cuda = next(model.parameters()).device.type == "cuda"
     with torch.no_grad(), torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_cuda else []):
-        return policy_forward(model, batch, temperature=s.temperature, replay=replay, record=False).logp
+        scored = policy_forward(model, batch.select(rows), temperature=s.temperature,
+                                replay=None if replay is None else replay.select(rows), record=False).logp
+    logp[rows] = scored.to(logp.device, logp.dtype)
+    return logp
 
 
 def _counterfactual_clipped(s: StepSettings, inputs: dict, logp: torch.Tensor | None) -> torch.Tensor | None:
     """``[b, T]`` bool: the tokens the loss would have clipped with ``logp`` in place of the update's (every other
-    input as in the update), or None without ``logp``."""
-    return None if logp is None else rl.compute_clipped_mask(s.preset.loss, **{**inputs, "logp": logp})
+    input as in the update; False on a row the budget left unscored), or None without ``logp``."""
+    if logp is None:
+        return None
+    unscored = logp.isnan().all(dim=-1)  # [b] rows the measurement budget left out
+    filled = torch.where(unscored[:, None], inputs["logp"].detach(), logp)  # [b, T] any finite stand-in
+    return rl.compute_clipped_mask(s.preset.loss, **{**inputs, "logp": filled}) & ~unscored[:, None]
 
 
 def _updates(
     model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
-    old: _OldPolicy, advantages: torch.Tensor, s: StepSettings, world: World,
+    old: _OldPolicy, advantages: torch.Tensor, s: StepSettings, world: World, measured: torch.Tensor | None,
 ) -> _Updates:
     replay_source = {None: None, "old": old.free.routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
     force_gates = s.replay in schema.GATE_REPLAY_MODES
@@ -341,8 +375,9 @@ def _updates(
         # A rank holding none of this minibatch still runs its forward and backward (FSDP's collectives), on a
         # stand-in row whose loss weighs 0.
         held = rows if len(rows) else rows.new_zeros(1)
+        scored = torch.arange(len(held)) if measured is None else torch.nonzero(measured[held]).flatten()  # [b']
         other_logp = _counterfactual_logp(model, batch.select(held), s,
-                                          None if other_routes is None else other_routes.select(held))
+                                          None if other_routes is None else other_routes.select(held), scored)
         fwd = policy_forward(
             model, batch.select(held), temperature=s.temperature,
             replay=None if replay_source is None else replay_source.select(held), force_gates=force_gates,
@@ -404,8 +439,11 @@ def run_step(
     ref_model: PreTrainedModel | None = None,
     draw_more: Callable[[int], list[Example]] | None = None,
     world: World = SINGLE,
+    measured: torch.Tensor | None = None,
 ) -> tuple[dict, StepTensors]:
     """Run one step on ``examples`` (one prompt each; ``group_size`` samples per prompt).
+
+    ``measured`` ``[B]`` bool: the rows the measure-only forwards score (``MeasureBudget.rows``); None: all.
 
     ``draw_more(round)`` supplies the prompts of dynamic sampling's extra rollouts (deterministic per round).
     Over several processes (``world``), ``examples`` are this rank's share of the step's prompts, and rank 0
@@ -421,12 +459,20 @@ def run_step(
     batch, examples, rewards, correct = sampled.batch, sampled.examples, sampled.rewards, sampled.correct
     advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
     t_rollout = time.perf_counter() - t0
-    old = _old_policy(model, batch, chunks, s, ref_model)
+    if measured is not None and world.distributed:
+        raise ValueError("a measurement budget below every sequence runs in one process only (nproc 1)")
+    if measured is not None and measured.shape != (batch.batch_size,):
+        raise ValueError(f"measured must be [{batch.batch_size}] bool, got {tuple(measured.shape)}")
+    old = _old_policy(model, batch, chunks, s, ref_model, measured)
     t1 = time.perf_counter()
-    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world)
+    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured)
     t_update = time.perf_counter() - t1
     with torch.no_grad():
-        new = chunked_policy_forward(model, batch, chunks, temperature=s.temperature)
+        new = (chunked_policy_forward(model, batch, chunks, temperature=s.temperature) if measured is None
+               else measured_forward(model, batch, chunks, measured, temperature=s.temperature))
+    measure_only = frozenset() if measured is None else frozenset(
+        {schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW}
+        | ({schema.COL_ROUTES_OLD_FREE, schema.COL_LOGP_OLD_FREE} if s.free_old_is_measurement() else set()))
 
     tensors = StepTensors(
         batch=batch, examples=examples, rewards=rewards, correct=correct, advantages=advantages, minibatch=up.minibatch,
@@ -434,6 +480,7 @@ def run_step(
         clipped=up.clipped, routes_old=old.routes, routes_old_free=old.free.routes, routes_update=up.routes,
         routes_new=new.routes, entropy=old.free.entropy,
         logp_update_counterfactual=up.logp_counterfactual, clipped_counterfactual=up.clipped_counterfactual,
+        measured=measured, sampled=measure_only,
     )
     per_minibatch, sampling = up.loss_metrics, sampled.metrics
     if world.distributed:

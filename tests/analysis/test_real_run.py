@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 
 from moestab.analysis.mismatch import run_mismatch
@@ -13,6 +12,7 @@ from moestab.analysis.summary import summarize_runs
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.records import schema
 from moestab.train import train
+from tests.records.tables import token_frame
 from tests.train.helpers import tiny_config
 
 
@@ -24,7 +24,7 @@ def run_dir(tmp_path_factory):
 
 
 def raw_tokens(run_dir) -> pd.DataFrame:
-    return pd.concat(pq.read_table(p).to_pandas() for p in sorted((run_dir / schema.TOKENS_DIR).glob("*.parquet")))
+    return pd.concat(token_frame(p) for p in sorted((run_dir / schema.TOKENS_DIR).glob("*.parquet")))
 
 
 def changed_by_sets(a_rows, b_rows, top_k: int) -> float:

@@ -128,7 +128,7 @@ def test_cli_not_a_run(tmp_path, cli_main, capsys):
 
 def test_cli_reports_bad_run_and_summarises_the_good_one(tmp_path, cli_main, capsys):
     good = write_run(tmp_path, "good")
-    assert cli_main(["analyze", str(tmp_path / "nothing"), str(good.path), "--json"]) == 0
+    assert cli_main(["analyze", str(tmp_path / "nothing"), str(good.path), "--json"]) == 1  # an error all the same
     captured = capsys.readouterr()
     assert [r["run"] for r in json.loads(captured.out)] == ["good"]
     assert "nothing is not a moestab run folder" in captured.err
@@ -215,3 +215,102 @@ def test_an_undamaged_run_has_no_damage(fake_run, cli_main, capsys):
     assert run_summary(fake_run.path)["damage"] is None
     assert cli_main(["analyze", str(fake_run.path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["damage"] is None
+
+
+# ---- probe folders beside runs (`moestab analyze runs/*`), and the exit status ----
+
+
+def probe_folder(path):
+    """A small probe folder at ``path``, as `moestab probe compare ... --out PATH` writes one."""
+    import pandas as pd
+
+    from moestab.probes import ProbeResult, write_probe_folder
+
+    result = ProbeResult("compare", ["a=/m/a", "b=/m/b"], {"name": "general", "count": 2, "sha256": "0" * 64},
+                         {"dtype": "float32"}, {"summary": pd.DataFrame({"tokens": [12], "router_flip": [0.25]})})
+    return write_probe_folder(result, path)
+
+
+def test_readmes_runs_glob_skips_probe_folders_with_a_note(tmp_path, cli_main, capsys):
+    runs = tmp_path / "runs"
+    write_run(runs, "a")
+    write_run(runs, "b", seed=1)
+    probe_folder(runs / "probes" / "compare-ab")  # runs/probes: where README puts them
+    probe_folder(runs / "one-probe")
+    assert cli_main(["analyze", *sorted(str(p) for p in runs.iterdir()), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [r["run"] for r in json.loads(captured.out)] == ["a", "b"]
+    notes = [line for line in captured.err.splitlines() if "note: skipped" in line]
+    assert len(notes) == 2 and "error" not in captured.err, captured.err
+    assert f"{runs / 'probes'} holds 1 probe folder(s), not a run: compare-ab (compare)" in notes[1]
+    assert f"{runs / 'one-probe'} is a probe folder (compare), not a run" in notes[0]
+
+
+def test_a_folder_that_is_neither_run_nor_probe_folder_is_an_error(tmp_path, cli_main, capsys):
+    good = write_run(tmp_path, "good")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "log.txt").write_text("hello")
+    for other in ("notes", "log.txt"):
+        assert cli_main(["analyze", str(good.path), str(tmp_path / other), "--json"]) == 1
+        captured = capsys.readouterr()
+        assert [r["run"] for r in json.loads(captured.out)] == ["good"]  # the readable run is still summarised
+        assert f"error: {tmp_path / other} is not a moestab run folder" in captured.err
+        assert "give run folders written by `moestab train`" in captured.err
+
+
+def test_an_unreadable_run_is_an_error(tmp_path, cli_main, capsys):
+    good, newer = write_run(tmp_path, "good"), write_run(tmp_path, "newer")
+    newer_json = dict(newer.run_json, schema_version=schema.SCHEMA_VERSION + 1)
+    (newer.path / schema.RUN_JSON).write_text(json.dumps(newer_json))
+    assert cli_main(["analyze", str(good.path), str(newer.path)]) == 1
+    captured = capsys.readouterr()
+    assert "good" in captured.out and "newer" in captured.err
+
+
+def test_probe_folders_only_is_no_run(tmp_path, cli_main, capsys):
+    probe_folder(tmp_path / "p")
+    assert cli_main(["analyze", str(tmp_path / "p")]) == 1
+    err = capsys.readouterr().err
+    assert "note: skipped" in err and "no readable run among the folders given" in err
+
+
+# ---- --json / --csv: FILE given -> written there, no FILE -> stdout (the same in `moestab probe`) ----
+
+
+def test_json_and_csv_go_to_files_and_the_table_to_stdout(tmp_path, cli_main, capsys):
+    run = write_run(tmp_path, "a")
+    js, table = tmp_path / "out" / "summary.json", tmp_path / "out" / "summary.csv"
+    assert cli_main(["analyze", str(run.path), "--json", str(js), "--csv", str(table)]) == 0
+    captured = capsys.readouterr()
+    assert "old_new_changed" in captured.out and not captured.out.lstrip().startswith("[")  # the text table
+    (record,) = json.loads(js.read_text())
+    row = next(csv.DictReader(io.StringIO(table.read_text())))
+    assert record["run"] == row["run"] == "a" and float(row["old_new_changed"]) == pytest.approx(
+        record["old_new_changed"])
+
+
+def test_json_to_stdout_with_csv_to_a_file(tmp_path, cli_main, capsys):
+    run = write_run(tmp_path, "a")
+    assert cli_main(["analyze", str(run.path), "--csv", str(tmp_path / "s.csv"), "--json"]) == 0
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)] == ["a"]  # stdout is the JSON only
+    assert (tmp_path / "s.csv").read_text().startswith("run,")
+    assert cli_main(["analyze", str(run.path), "--json", "-"]) == 0  # '-' is stdout too
+    assert json.loads(capsys.readouterr().out)[0]["run"] == "a"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--json", "--csv"], "--json and --csv both go to stdout; give one of them a FILE"),
+        (["--csv", "{tmp}"], "--csv {tmp} is a folder; give a file, or no FILE for stdout"),
+        (["--json", "{run}"], "--json {run} is a folder"),  # `analyze --json RUN`: RUN taken as FILE
+        (["--json", "{file}/x.json"], "{file} is a file, not a folder"),
+    ],
+)
+def test_json_and_csv_targets_that_cannot_be_written_are_refused(tmp_path, cli_main, capsys, args, expected):
+    run = write_run(tmp_path, "a")
+    (tmp_path / "file").write_text("x")
+    fill = {"tmp": str(tmp_path), "run": str(run.path), "file": str(tmp_path / "file")}
+    assert cli_main(["analyze", str(run.path), *(a.format(**fill) for a in args)]) == 2
+    captured = capsys.readouterr()
+    assert expected.format(**fill) in captured.err and captured.out == ""

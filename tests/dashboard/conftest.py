@@ -11,7 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "dashboard" / "app.py"
+COMPARE_PAGE = "app_pages/compare.py"
+"""The first page (the app opens on it)."""
 PAGES = {  # page file -> title it shows
+    COMPARE_PAGE: "Compare",
     "app_pages/runs.py": "Runs",
     "app_pages/training.py": "Training",
     "app_pages/volatility.py": "Routing volatility",

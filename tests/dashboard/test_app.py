@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.conftest import PAGES
+from tests.dashboard.conftest import COMPARE_PAGE, PAGES
 from tests.dashboard.shown import assert_interactive_with_csv, chart_alts
 
 RUNS_PAGE = "app_pages/runs.py"
@@ -22,9 +22,9 @@ PROBES_PAGE = "app_pages/probes.py"  # reads probe folders, not runs (tests/dash
 
 
 def open_page(at, page: str):
-    """Run the app (the Runs page is the default) and go to ``page``."""
+    """Run the app (it opens on the Compare page) and go to ``page``."""
     at.run()
-    if page != RUNS_PAGE:
+    if page != COMPARE_PAGE:
         at.switch_page(page).run()
     return at
 
@@ -41,6 +41,13 @@ def assert_clean(at) -> None:
 
 # Charts each page must show for the two real runs (substrings of the charts' accessible names).
 EXPECTED_CHARTS = {
+    COMPARE_PAGE: [
+        "reward/mean against step, mean ± sd by group",
+        "eval/accuracy against step, mean ± sd by group",
+        "routing/old_new/changed against step, mean ± sd by group",
+        "mismatch/rollout_old/k3 against step, mean ± sd by group",
+        "ratio/token_log_var against step, mean ± sd by group",
+    ],
     "app_pages/training.py": [
         "Reward (mean over the rollout batch) against step",
         "Eval accuracy",
@@ -115,7 +122,7 @@ def test_page_renders_real_runs(make_app, trained_runs: Path, downloads: dict, p
 
 @pytest.mark.slow
 def test_selection_is_kept_and_used_by_other_pages(make_app, trained_runs: Path) -> None:
-    at = make_app(trained_runs).run()
+    at = open_page(make_app(trained_runs), RUNS_PAGE)
     at.multiselect(key="moestab_select_widget").set_value([str(trained_runs / "gspo-off")]).run()
     assert at.session_state["moestab_selected_runs"] == [str(trained_runs / "gspo-off")]
     at.switch_page("app_pages/training.py").run()
@@ -152,7 +159,7 @@ def test_damaged_runs_are_reported_and_the_good_run_still_renders(make_app, runs
     started.pop("final", None)
     (partial / "run.json").write_text(json.dumps(started))
 
-    at = make_app(runs_copy).run()
+    at = open_page(make_app(runs_copy), RUNS_PAGE)
     assert not at.exception, texts(at.exception)
     table = at.dataframe[0].value.set_index("run")
     assert table.loc["broken", "status"] == "unreadable"
@@ -171,7 +178,7 @@ def test_damaged_runs_are_reported_and_the_good_run_still_renders(make_app, runs
         assert [t.value for t in at.title] == [PAGES[page]]
         assert "broken" in texts(at.error) and "not valid JSON" in texts(at.error), page
         assert "**partial**" in texts(at.info) and "yet (the run is still running)" in texts(at.info), page
-        if page != "app_pages/training.py":  # the training curves come from metrics.jsonl, still whole
+        if page not in ("app_pages/training.py", COMPARE_PAGE):  # their curves come from metrics.jsonl, still whole
             assert "step_000002.parquet" in texts(at.warning), page
         assert any(good in alt or "per run" in alt or "against step" in alt for alt in chart_alts(at)), page
 
@@ -223,7 +230,7 @@ def test_empty_folder_says_so_on_every_page(make_app, tmp_path: Path) -> None:
     empty.mkdir()
     at = make_app(empty).run()
     for page in PAGES:
-        if page != RUNS_PAGE:
+        if page != COMPARE_PAGE:  # the page the app opens on
             at.switch_page(page).run()
         assert not at.exception and not at.error, (page, texts(at.exception), texts(at.error))
         assert [t.value for t in at.title] == [PAGES[page]]
@@ -316,7 +323,7 @@ def test_a_run_whose_steps_repeat_is_shown_damaged_not_finished(make_app, tmp_pa
     good, mixed = write_run(tmp_path, "good"), write_run(tmp_path, "mixed")
     lines = (mixed.path / "metrics.jsonl").read_text().splitlines()[:2]
     (mixed.path / "metrics.jsonl").write_text("\n".join(lines * 2) + "\n")  # two writers' steps 1, 2, 1, 2
-    at = make_app(tmp_path).run()
+    at = open_page(make_app(tmp_path), RUNS_PAGE)
     assert not at.exception, texts(at.exception)
     table = at.dataframe[0].value.set_index("run")
     assert table.loc["mixed", "status"] == "damaged" and table.loc[good.path.name, "status"] == "finished"

@@ -4,10 +4,12 @@ Playwright drives the system's Chromium (``executable_path``; no browser is down
 127.0.0.1 over the session's two trained runs and a real ``compare`` probe folder of their last checkpoints. Each
 page is opened straight from its URL (a first visit that skips the entry page); the test waits until Streamlit
 has finished and every chart has drawn, then checks the title, that each Vega-Lite chart is an SVG of nonzero size
-with data marks in it, that each has its CSV button and that no error box is shown, and saves a screenshot of the
-whole page as ``dashboard_<page>.png``: in the test's tmp folder, or in ``$MOESTAB_DASHBOARD_SCREENSHOTS`` (how
-docs/images is refreshed). ``$MOESTAB_SCREENSHOT_RUNS`` serves that runs folder instead of the test's own (for the
-docs' screenshots of longer runs); it needs at least one run and a compare or numerics probe folder.
+with data marks in it, that each has its CSV button and that no error box is shown (charts in closed expanders, such
+as the per-run heatmaps, are checked once opened), and saves a screenshot of the whole page as
+``dashboard_<page>.png`` (the first page, Compare: ``dashboard_compare.png``): in the test's tmp folder, or in
+``$MOESTAB_DASHBOARD_SCREENSHOTS`` (how docs/images is refreshed). ``$MOESTAB_SCREENSHOT_RUNS`` serves that runs
+folder instead of the test's own (for the docs' screenshots of longer runs); it needs at least one run and a compare
+or numerics probe folder.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from moestab.analysis.compare import DEFAULT_KEYS
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
@@ -47,11 +51,12 @@ pytestmark = [
 
 # url path -> (title, starts of the accessible names of charts the page must show).
 PAGES = {
-    "": ("Runs", []),
+    "": ("Compare", [f"{key} against step, mean ± sd by group" for key in DEFAULT_KEYS]),
+    "runs": ("Runs", []),
     "training": ("Training", ["Reward (mean over the rollout batch) against step", "Eval accuracy (greedy"]),
-    "volatility": ("Routing volatility", ["Heatmap of routing change old_new by layer and step for ",
-                                          "Heatmap of routing change old_new by layer and position for ",
-                                          "old → new (trainer, free routing) by step"]),
+    "volatility": ("Routing volatility", ["old → new (trainer, free routing) by step",
+                                          "update → old (the two sides of log w) by minibatch",
+                                          "old → new (trainer, free routing) by position"]),  # heatmaps: expanders
     "ratios": ("Ratios", ["Histogram of log_w per run", "Clipped tokens (minibatches 2..n) by step"]),
     "attribution": ("Attribution", ["Mean |log w| of flipped and unflipped tokens per run",
                                     "Router flip rate against router margin per run"]),
@@ -59,22 +64,27 @@ PAGES = {
     "probes": ("Probes", ["Router flip rate by layer ("]),
 }
 
-# The page's chart count once Streamlit has finished the script run, at least ``least`` charts have arrived, each
-# is an SVG with marks drawn in it and its CSV button under it, and each visible table has filled its grid (the
-# grid's accessible <table> mirror appears once its rows are drawn); else false.
+# The page's visible chart count once Streamlit has finished the script run, at least ``least`` charts have arrived,
+# each is an SVG with marks drawn in it and its CSV button under it, and each visible table has filled its grid (the
+# grid's accessible <table> mirror appears once its rows are drawn); else false. Charts and buttons in closed
+# expanders do not count; while a rerun is under way (elements of the previous run marked stale) nothing is settled.
 SETTLED = """([title, least]) => {
   const h1 = document.querySelector('h1');
   if (!h1 || h1.innerText.trim() !== title || document.querySelector('[data-testid="stStatusWidget"]')) return false;
-  const charts = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'));
-  const buttons = document.querySelectorAll('[data-testid="stDownloadButton"]').length;
+  if (document.querySelector('[data-stale="true"]')) return false;
+  const charts = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
+    .filter(c => c.checkVisibility());
+  const buttons = Array.from(document.querySelectorAll('[data-testid="stDownloadButton"]'))
+    .filter(b => b.checkVisibility()).length;
   const drawn = charts.every(c => c.querySelector('svg g.role-mark path'));
   const tables = Array.from(document.querySelectorAll('[data-testid="stDataFrame"]'))
     .filter(t => t.checkVisibility()).every(t => t.querySelector('table'));  // not those in closed expanders
   return charts.length >= least && buttons === charts.length && drawn && tables ? String(charts.length) : false;
 }"""
 
-# Per chart: its accessible name, its SVG's size and how many data-mark paths it drew (not axes or legends).
-CHARTS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).map(c => {
+# Per visible chart: its accessible name, its SVG's size and how many data-mark paths it drew (not axes or legends).
+CHARTS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
+    .filter(c => c.checkVisibility()).map(c => {
   const svg = c.querySelector('svg');
   const box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
   return {name: c.getAttribute('aria-label'), width: box.width, height: box.height,
@@ -107,7 +117,8 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 90.0) -> N
 
 @pytest.fixture(scope="module")
 def served_root(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
-    """The two trained runs (linked, not copied) beside a compare probe folder of their last checkpoints."""
+    """The two trained runs (linked, not copied) beside a compare probe folder of their last checkpoints and a
+    saturation probe folder of one run's checkpoints."""
     if os.environ.get(RUNS_ENV):
         return Path(os.environ[RUNS_ENV]).resolve()
     from moestab.probes import ProbeSettings, load_suite, run_probe, write_probe_folder
@@ -120,6 +131,9 @@ def served_root(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     last = [resolve_checkpoints([trained_runs / name])[-1] for name in ("gspo-off", "gspo-r2")]
     write_probe_folder(run_probe("compare", last, load_suite("general", 8), ProbeSettings(max_tokens=48)),
                        root / "probes" / "compare")
+    every = resolve_checkpoints([trained_runs / "gspo-off"])  # steps 0 and 6: the page's first probe stays compare
+    write_probe_folder(run_probe("saturation", every, load_suite("general", 8), ProbeSettings(max_tokens=48)),
+                       root / "probes" / "saturation")
     return root
 
 
@@ -213,15 +227,16 @@ def test_page_renders_its_charts_in_chromium(server: str, page: Page, path: str,
     for chart in charts:
         assert chart["width"] > 100 and chart["height"] > 100, chart
         assert chart["marks"] > 0, chart
-    assert page.locator('[data-testid="stDownloadButton"]').count() == len(charts)  # a CSV under each chart
-    if not path:
+    buttons = page.locator('[data-testid="stDownloadButton"]')
+    assert sum(buttons.nth(i).is_visible() for i in range(buttons.count())) == len(charts)  # a CSV under each chart
+    if path == "runs":
         table = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
         assert table and table["width"] > 100 and table["height"] > 50  # the runs table
 
     # The whole page in one image (the viewport is taller than any page; the image stops under the content).
     bottom = page.evaluate("document.querySelector('[data-testid=\"stMainBlockContainer\"]').getBoundingClientRect()"
                            ".bottom")
-    shot = screenshot_dir(tmp_path) / f"dashboard_{path or 'runs'}.png"
+    shot = screenshot_dir(tmp_path) / f"dashboard_{path or 'compare'}.png"
     page.screenshot(path=str(shot), clip={"x": 0, "y": 0, "width": WIDTH, "height": min(max(bottom, 800), TALLEST)})
     assert shot.stat().st_size > 30_000  # a page of tables and charts, not a blank or skeleton page
 
@@ -255,9 +270,72 @@ def opacities(lines) -> list[float]:
 
 
 def test_heatmaps_answer_the_pointer(server: str, page: Page) -> None:
-    """Hovering a layer x step heatmap's cell shows its step, layer and value."""
-    open_settled(page, f"{server}/volatility", "Routing volatility", 1)
+    """The per-run heatmaps wait in closed expanders under the overlays; opened, they draw, and hovering a layer x
+    step heatmap's cell shows its step, layer and value."""
+    open_settled(page, f"{server}/volatility", "Routing volatility", 3)
+    expanders = page.locator('[data-testid="stExpander"] summary')
+    assert expanders.count() == 2 and "gspo-off" in expanders.first.inner_text()  # one per run, closed
+    before = page.evaluate(CHARTS)
+    assert not any(chart["name"].startswith("Heatmap") for chart in before), before
+    expanders.first.click()
+    settle(page, "Routing volatility", len(before) + 4)  # its 2 layer x step and 2 layer x position heatmaps
+    names = [chart["name"] for chart in page.evaluate(CHARTS)]
+    for name in ("Heatmap of routing change old_new by layer and step for gspo-off",
+                 "Heatmap of routing change old_new by layer and position for gspo-off"):
+        assert name in names, names
     heatmap = page.locator('[data-testid="stVegaLiteChart"][aria-label^="Heatmap of routing change old_new by layer '
                            'and step"]').first
     text = hover_tooltip(page, heatmap.locator("svg g.mark-rect.role-mark").first)
     assert "step" in text and "layer" in text and "changed" in text, text
+
+
+def test_probe_heatmaps_draw_a_row_per_checkpoint(server: str, served_root: Path, page: Page) -> None:
+    """The saturation heatmaps of a run's checkpoints: a visible row per checkpoint (they once drew one row of zero
+    height, their title and colour bar taking all of a height meant for the rows)."""
+    from moestab.probes import read_probe_folder
+
+    folder = served_root / "probes" / "saturation"
+    if not folder.is_dir():
+        pytest.skip(f"${RUNS_ENV} serves no probes/saturation folder")
+    table = read_probe_folder(folder).tables["saturation"]
+    rows, layers = table["checkpoint"].nunique(), table["layer"].nunique()
+    open_settled(page, f"{server}/probes", "Probes", 1)
+    page.locator('[data-testid="stSelectbox"]').first.click()
+    page.get_by_role("option", name="saturation (1 folder(s))").click()
+    page.locator('[data-testid="stVegaLiteChart"][aria-label^="Top-1 router saturation"]').wait_for(timeout=60_000)
+    settle(page, "Probes", 2)
+    for name in ("Top-k router saturation", "Top-1 router saturation"):
+        heatmap = page.locator(f'[data-testid="stVegaLiteChart"][aria-label^="{name}"]')
+        cells = heatmap.locator("svg g.mark-rect.role-mark path")
+        boxes = [cells.nth(i).bounding_box() for i in range(cells.count())]
+        assert len(boxes) == rows * layers, name
+        assert min(box["height"] for box in boxes) >= 20, (name, boxes)  # ROW_HEIGHT: 28 px less the stroke
+        assert len({round(box["y"]) for box in boxes}) == rows, (name, boxes)
+
+
+def test_compare_groups_in_chromium(server: str, page: Page, tmp_path: Path) -> None:
+    """The first page groups the runs by the config fields that differ (replay off vs R2: one run per group, no
+    band); emptying *Group by* puts both runs in one group, drawn as their mean with a shaded mean +- sd band."""
+    open_settled(page, f"{server}/", "Compare", len(DEFAULT_KEYS))
+    group_by = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Group by")
+    assert "routing_replay" in group_by.inner_text()
+    chart = page.locator('[data-testid="stVegaLiteChart"][aria-label^="routing/old_new/changed against step"]')
+    assert band_paths(chart) == 0  # a group of one run has no sd
+    remove = group_by.locator('button[aria-label^="Remove "]')  # the x on each chosen field
+    for _ in range(remove.count()):
+        remove.first.click()  # each removal reruns the page
+        page.wait_for_timeout(500)
+    assert remove.count() == 0
+    page.wait_for_function("(c) => c.querySelectorAll('svg g.mark-area path[d*=\"L\"]').length > 0",
+                           arg=chart.element_handle(), timeout=60_000)
+    settle(page, "Compare", len(DEFAULT_KEYS))
+    assert band_paths(chart) == 1  # one group: "all runs"
+    assert page.locator(ERRORS).count() == 0
+    shot = screenshot_dir(tmp_path) / "dashboard_compare_one_group.png"
+    page.screenshot(path=str(shot), full_page=False)
+    assert shot.stat().st_size > 30_000
+
+
+def band_paths(chart) -> int:
+    """Shaded bands (area marks with a drawn outline) of a chart."""
+    return chart.locator('svg g.mark-area path[d*="L"]').count()

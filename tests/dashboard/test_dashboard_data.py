@@ -27,6 +27,7 @@ from moestab.analysis.dashboard_data import (
     run_coactivation,
     run_fingerprint,
     run_overview,
+    runs_too_deep,
     shared_histograms,
     stack_runs,
 )
@@ -75,6 +76,20 @@ def test_find_runs_lists_run_folders_without_entering_them(tmp_path: Path) -> No
     assert find_runs(tmp_path, max_depth=4) == [a, b, deep]
     assert find_runs(tmp_path, max_depth=1) == [a]
     assert find_runs(a) == [a]  # a run folder given directly
+
+
+def test_runs_below_the_search_depth_are_named_not_lost(tmp_path: Path) -> None:
+    write_run_json(tmp_path / "a")
+    four = write_run_json(tmp_path / "x" / "y" / "z" / "four")  # depth 4
+    six = write_run_json(tmp_path / "p" / "q" / "r" / "s" / "t" / "six")  # depth 6
+    write_run_json(tmp_path / "p" / "q" / "r" / "s" / "t" / "u" / "seven")  # depth 7: beyond 3 + 3, not walked to
+    write_run_json(four / "tokens" / "inner")  # inside a run: never a run of its own
+    assert runs_too_deep(tmp_path) == [six, four]  # sorted by path: p/... before x/...
+    assert runs_too_deep(tmp_path, max_depth=3, further=1) == [four]
+    assert runs_too_deep(tmp_path, max_depth=6) == [tmp_path / "p" / "q" / "r" / "s" / "t" / "u" / "seven"]
+    assert runs_too_deep(tmp_path / "a") == []  # a run folder given directly
+    with pytest.raises(ValueError, match="further"):
+        runs_too_deep(tmp_path, further=-1)
 
 
 def test_find_runs_errors(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from moestab.cli import main
 from moestab.probes import ProbeResult, read_probe_folder, write_probe_folder
 from moestab.probes.views import flip_rate_by_margin, router_flip_by_layer, saturation_top1_grid
 from tests.dashboard.shown import assert_interactive_with_csv, chart_alts, chart_named
@@ -29,6 +30,30 @@ def probe_root(tmp_path_factory) -> Path:
                                 ("sweep/run-1/probes/saturation", "saturation", [a, b])):
         write_probe_folder(probe(name, paths, count=6, max_tokens=48), root / folder)
     return root
+
+
+@pytest.fixture(scope="module")
+def run_saturation(trained_runs: Path, tmp_path_factory) -> Path:
+    """A runs folder holding what README's `moestab probe saturation RUN ... --out` makes of a run: the probe folder
+    ``probes/saturation`` of a trained run's checkpoints (``gspo-off@0``, ``gspo-off@6``)."""
+    root = tmp_path_factory.mktemp("saturation-runs")
+    assert main(["probe", "saturation", str(trained_runs / "gspo-off"), "--suite", "task:arithmetic", "--count", "8",
+                 "--out", str(root / "probes" / "saturation"), "--no-progress"]) == 0
+    return root
+
+
+def rows_height(spec: dict, rows: int) -> float:
+    """Pixels Vega-Lite gives the ``rows`` rows of a heatmap's spec, as Streamlit sends it.
+
+    A height ``{"step": n}`` is ``n`` per row. A number is the rows' own under autosize ``fit-x`` or ``pad``, but
+    under ``fit`` (what Streamlit sets when the chart sets none) it is the whole chart's, title, legend and axes
+    included: the rows get what those leave, which only drawing tells (tests/dashboard/test_browser.py does), so 0.
+    """
+    height, autosize = spec.get("height"), spec.get("autosize", {})
+    if isinstance(height, dict):
+        return height["step"] * rows
+    kind = autosize.get("type") if isinstance(autosize, dict) else autosize
+    return float(height) if kind in ("fit-x", "pad") else 0.0
 
 
 def open_probes(make_app, root: Path):
@@ -172,3 +197,21 @@ def test_no_probe_folder_says_how_to_make_one(make_app, tmp_path: Path) -> None:
     assert "No probe folders in" in texts(at.info)
     assert "`moestab probe compare A B --out DIR`" in texts(at.info)
     assert not at.dataframe and not chart_alts(at)
+
+
+def test_a_saturation_probe_of_a_run_draws_a_row_per_checkpoint(make_app, run_saturation: Path) -> None:
+    # The default run's saturation heatmap drew one row of zero height: its height (60 px + 28 per checkpoint) was
+    # the whole chart's under Streamlit's autosize, and the title and colour bar above the rows took all of it.
+    at = open_probes(make_app, run_saturation)
+    assert_clean(at)
+    table = read_probe_folder(run_saturation / "probes" / "saturation").tables["saturation"]
+    checkpoints, layers = ["gspo-off@0", "gspo-off@6"], sorted(table["layer"].unique())
+    assert list(table["checkpoint"].unique()) == checkpoints and len(layers) >= 2
+    for name in ("Top-k router saturation", "Top-1 router saturation"):
+        chart = chart_named(at, name)
+        assert len(chart.data) == len(checkpoints) * len(layers)
+        assert chart.data.groupby("checkpoint")["layer"].apply(sorted).to_dict() == dict.fromkeys(checkpoints,
+                                                                                                   layers)
+        assert chart.spec["encoding"]["y"]["sort"] == checkpoints[::-1]  # every checkpoint a row, the last on top
+        assert rows_height(chart.spec, len(checkpoints)) >= 20 * len(checkpoints), (name, chart.spec.get("height"),
+                                                                                    chart.spec.get("autosize"))

@@ -6,7 +6,9 @@ Python sets, and their clip flags against TRL's own logged clip ratio, which TRL
 
 from __future__ import annotations
 
+import ast
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -30,11 +32,15 @@ from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.integrations.trl.capture import ForwardCapture
 from moestab.integrations.trl.cycle import match_rows
 from moestab.integrations.trl.settings import check_supported, cycle_layout
+from moestab.integrations.trl.stillness import NO_ROUTE_CHANGED, UNCHANGED, Stillness, stillness
 from moestab.metrics import keys
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
+from moestab.models.embedded import save_policy
+from moestab.recording.budget import MeasureBudget
 from moestab.records import schema
-from moestab.records.reader import list_token_files, load_metrics, read_run_info
+from moestab.records.reader import list_token_files, load_metrics, read_routes, read_run_info
 from moestab.routing import RecordingError, RoutingRecorder
+from tests.records.tables import token_frame
 from tests.train.test_records import TOKEN_COLUMNS  # the columns of a moestab run's tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,11 +53,25 @@ ROUTE_METRICS = ["routing/old_new/changed", "routing/old_new/router_flip", "rout
                  "experts/routing_confidence", "entropy", "minibatches", "response/length_mean", "time/step_s"]
 
 
-def readme_snippet() -> str:
-    """The code block of README.md's "Inside TRL's GRPOTrainer" section, run here as written."""
+def readme_blocks() -> list[str]:
+    """The code blocks of README.md's "Inside TRL's GRPOTrainer" section."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Inside TRL's GRPOTrainer") :]
-    return re.search(r"```python\n(.+?)\n```", section, re.S).group(1)
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.+?)\n```", section, re.S)
+
+
+def readme_snippet() -> str:
+    """The section's first code block, the trainer, run here as written."""
+    return readme_blocks()[0]
+
+
+def readme_configs() -> dict[str, dict[str, object]]:
+    """The keyword arguments of each ``name = GRPOConfig(...)`` of the section's second block, as written (the block
+    itself needs a GPU for GRPOConfig's default bf16)."""
+    tree = ast.parse(readme_blocks()[1])
+    return {node.targets[0].id: {kw.arg: ast.literal_eval(kw.value) for kw in node.value.keywords}
+            for node in tree.body if isinstance(node, ast.Assign)}
 
 
 def reward(completions: list[str], **_: object) -> list[float]:
@@ -94,7 +114,7 @@ def recorded(request, tmp_path_factory):
     """GRPO (token) and GSPO (sequence): 2 optimizer steps per generation batch, so TRL computes pi_old."""
     run_dir, trainer = train_with_records(tmp_path_factory.mktemp(request.param),
                                           importance_sampling_level=request.param)
-    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(run_dir).path)
+    tokens = pd.concat(token_frame(p) for p in list_token_files(run_dir).path)
     return SimpleNamespace(level=request.param, dir=run_dir, trainer=trainer, tokens=tokens,
                            metrics=[json.loads(x) for x in (run_dir / schema.METRICS_JSONL).read_text().splitlines()])
 
@@ -109,7 +129,12 @@ def sets_changed(a_rows: pd.Series, b_rows: pd.Series, top_k: int = TOP_K) -> fl
 def test_the_run_folder_passes_the_checks_of_a_moestab_run(recorded, capsys):
     info = read_run_info(recorded.dir)
     assert info.status == "finished" and info.last_step == 3 and info.planned_steps == 3
-    assert info.algo == f"trl-grpo-{recorded.level}" and info.replay_label == "off"
+    name = {"token": "grpo", "sequence": "gspo"}[recorded.level]
+    assert info.algo == f"{name} (trl-grpo-{recorded.level})" and info.replay_label == "off"
+    assert info.warnings == ()  # lr 1e-2 moves routes every step: nothing to warn about
+    # No checkpoints/ or state/ (TRL saves its own checkpoints), and the lock is gone
+    assert sorted(p.name for p in recorded.dir.iterdir()) == sorted(
+        [schema.RUN_JSON, schema.CONFIG_YAML, schema.METRICS_JSONL, schema.TOKENS_DIR])
     assert info.model.family == "qwen3_moe" and info.model.moe_layers == (0, 1) and info.top_k == TOP_K
     assert list(load_metrics(recorded.dir).step) == [1, 2, 3]
     for m in recorded.metrics:
@@ -119,7 +144,7 @@ def test_the_run_folder_passes_the_checks_of_a_moestab_run(recorded, capsys):
     for path in list_token_files(recorded.dir).path:
         table = pq.read_table(path)
         assert table.column_names == TOKEN_COLUMNS and table.num_rows > 0
-        routes = np.stack(table.column(schema.COL_ROUTES_OLD).to_numpy(zero_copy_only=False))
+        routes = read_routes(path, schema.COL_ROUTES_OLD, TOP_K)  # [tokens, layers, top_k]
         assert routes.min() >= 0 and routes.max() < 8  # every response token routed, in every layer
     assert recorded.tokens.groupby("step").seq.nunique().eq(16).all()  # every sequence of each generation batch
     assert cli_main(["analyze", str(recorded.dir), "--json"]) == 0
@@ -200,13 +225,18 @@ def test_clip_flags_match_trls_own_clip_ratio(recorded):
 
 
 @pytest.mark.parametrize(("accumulation", "bf16"), [(1, False), (2, False), (1, True)])
-def test_without_an_update_pi_new_is_pi_old_bit_for_bit(tmp_path, accumulation, bf16):
+def test_without_an_update_pi_new_is_pi_old_bit_for_bit(tmp_path, caplog, accumulation, bf16):
     """lr 0: pi_new replays pi_old's exact inputs and chunks (under TRL's autocast: bf16 on a CPU too), so nothing
     differs. With 2 accumulation steps the generation batch feeds one optimizer step: TRL computes no pi_old, its
-    ratio is 1 and so is the record."""
-    run_dir, _ = train_with_records(tmp_path, learning_rate=0.0, gradient_accumulation_steps=accumulation,
-                                    max_steps=4 // accumulation, bf16=bf16)
-    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(run_dir).path)
+    ratio is 1 and so is the record. The run says, once, that its zeros come from a policy that did not change."""
+    with caplog.at_level(logging.WARNING, logger="moestab"):
+        run_dir, _ = train_with_records(tmp_path, learning_rate=0.0, gradient_accumulation_steps=accumulation,
+                                        max_steps=4 // accumulation, bf16=bf16)
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("moestab")]
+    (warning,) = read_run_info(run_dir).warnings  # two steps, both still: one warning
+    assert warning.startswith("step 1: the policy did not change") and "learning_rate=0 " in warning
+    assert warned == [f"moestab: {warning}"]
+    tokens = pd.concat(token_frame(p) for p in list_token_files(run_dir).path)
     metrics = [json.loads(x) for x in (run_dir / schema.METRICS_JSONL).read_text().splitlines()]
     assert len(metrics) == 2 and all(m["routing/old_new/changed"] == 0.0 for m in metrics)
     assert (tokens.logp_new == tokens.logp_old).all()
@@ -214,6 +244,54 @@ def test_without_an_update_pi_new_is_pi_old_bit_for_bit(tmp_path, accumulation, 
     if accumulation == 2:
         assert all(m["minibatches"] == 1 for m in metrics) and (tokens.log_w == 0.0).all()
         assert np.array_equal(np.stack(tokens.routes_update), np.stack(tokens.routes_old))
+
+
+def test_stillness_tells_no_update_from_updates_too_small_to_move_a_route():
+    """The cause of a 0 old->new change, on two sequences of two response tokens (the second not measured)."""
+    old = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]])
+    step = SimpleNamespace(batch=SimpleNamespace(response_mask=torch.tensor([[True, True], [True, False]])),
+                           measured=torch.tensor([True, False]), logp_old_free=old)
+    unmeasured_moved = torch.tensor([[-1.0, -2.0], [float("nan"), float("nan")]])  # only measured tokens count
+    assert stillness(SimpleNamespace(**vars(step), logp_new=unmeasured_moved), 0.0).kind == UNCHANGED
+    moved = torch.tensor([[-1.0, -2.0 + 2**-20], [float("nan"), float("nan")]])  # one bit of one token
+    assert stillness(SimpleNamespace(**vars(step), logp_new=moved), 0.0) == Stillness(NO_ROUTE_CHANGED, 2**-20)
+    assert stillness(SimpleNamespace(**vars(step), logp_new=moved), 0.01) is None  # a route changed: not still
+
+
+README_ALGOS = [("gspo", {}, "gspo (trl-grpo-sequence)"), ("grpo", {}, "grpo (trl-grpo-token)"),
+                ("gspo", {"loss_type": "dapo"}, "trl-dapo-sequence")]
+"""README's GRPOConfig, a change to it, and run.json's ``algo``. The last is TRL's default loss with a sequence ratio:
+TRL warns that it is not GSPO, which shows that the others' silence is heard."""
+
+
+@pytest.mark.parametrize(("name", "change", "label"), README_ALGOS)
+def test_readmes_gspo_and_grpo_settings_are_named_so_and_trl_does_not_object(tmp_path, caplog, name, change, label):
+    """README's settings for one moestab step, on CPU with the test's batch (4 prompts x 4, micro-batches of 8). The
+    policy is loaded from a folder: TRL loads grpo's reference model (beta 0.04) from the policy's path."""
+    settings = {**readme_configs()[name], **change}
+    policy, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    model = AutoModelForCausalLM.from_pretrained(save_policy(policy, tokenizer, tmp_path / "policy"))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    layout = cycle_layout(SimpleNamespace(num_iterations=1, **settings))
+    with caplog.at_level(logging.WARNING):
+        run_snippet(tmp_path, model, tokenizer, **settings, max_steps=layout.optimizer_steps)
+    info = read_run_info(tmp_path / "run")
+    assert info.algo == label and info.last_step == 1
+    assert {key: info.config["trl"][key] for key in settings} == settings
+    trl_warnings = [r.getMessage() for r in caplog.records if r.name.startswith("trl") and r.levelno >= logging.WARNING]
+    if change:
+        assert any("To reproduce the GSPO paper's setup, set `loss_type='grpo'`" in m for m in trl_warnings)
+    else:
+        assert trl_warnings == []
+
+
+def test_a_moestab_step_is_one_generation_batch(tmp_path):
+    """README's example: TRL's max_steps=2 with steps_per_generation=2 is ONE moestab step of two minibatches."""
+    run_dir, trainer = train_with_records(tmp_path, max_steps=2, steps_per_generation=2)
+    info = read_run_info(run_dir)
+    assert trainer.state.global_step == 2 and info.planned_steps == info.last_step == 1
+    assert [m["minibatches"] for m in load_metrics(run_dir).to_dict("records")] == [2]
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "mixtral"])
@@ -227,7 +305,7 @@ def test_other_families(tmp_path, family):
     run_snippet(tmp_path, model, tokenizer, max_steps=4)
     info = read_run_info(tmp_path / "run")
     assert info.status == "finished" and info.model.family == family and info.last_step == 2
-    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(tmp_path / "run").path)
+    tokens = pd.concat(token_frame(p) for p in list_token_files(tmp_path / "run").path)
     d = tokens.logp_old.to_numpy(np.float64) - tokens.logp_rollout.to_numpy(np.float64)
     assert np.mean(np.exp(d) - 1 - d) < 1e-9  # the rollout is aligned with the trainer
     for m in load_metrics(tmp_path / "run").to_dict("records"):
@@ -237,20 +315,23 @@ def test_other_families(tmp_path, family):
 
 
 def test_pi_new_on_part_of_the_batch(tmp_path):
-    """new_fraction 0.5: pi_new re-runs the first of pi_old's two chunks (8 sequences of 16); the others have no
-    pi_new, and old->new volatility is over the sequences that have one."""
+    """Budget fraction 0.5: pi_new re-runs one of pi_old's two chunks (8 sequences of 16), drawn by the budget's
+    seeded rule; the table holds those sequences, and old->new volatility is over them, with its sampling error."""
     model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
     MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=grpo_args(tmp_path / "trl"),
                        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-                       moestab=RecordSettings(tmp_path / "run", new_fraction=0.5)).train()
-    tokens = pd.concat(pq.read_table(p).to_pandas() for p in list_token_files(tmp_path / "run").path)
-    with_new = np.stack(tokens.routes_new).min(axis=1) >= 0  # [tokens]
-    assert (with_new == (tokens.seq < 8)).all()  # pi_old's first chunk: generation rows 0-7
-    assert tokens.logp_new[~with_new].isna().all() and tokens.logp_new[with_new].notna().all()
+                       moestab=RecordSettings(tmp_path / "run", budget=MeasureBudget(fraction=0.5))).train()
+    tokens = pd.concat(token_frame(p) for p in list_token_files(tmp_path / "run").path)
+    assert (np.stack(tokens.routes_new).min(axis=1) >= 0).all() and tokens.logp_new.notna().all()
+    info = read_run_info(tmp_path / "run")
+    assert info.config["measure_fraction"] == 0.5 and "randperm" in info.environment["measure_rule"]
     for m in load_metrics(tmp_path / "run").to_dict("records"):
-        step = tokens[(tokens.step == m["step"]) & with_new]
+        step = tokens[tokens.step == m["step"]]
+        chunk = set(step.seq.unique().tolist())
+        assert chunk in ({*range(8)}, {*range(8, 16)})  # one whole chunk of pi_old's forward
         expected = sets_changed(step.routes_old_free, step.routes_new)
         assert m["routing/old_new/changed"] == pytest.approx(expected, abs=1e-12) and expected > 0
+        assert m["measure/fraction"] == 0.5 and m["routing/old_new/changed_se"] >= 0
 
 
 def test_volume_controls_thin_the_tables_not_the_metrics(tmp_path):
@@ -262,7 +343,7 @@ def test_volume_controls_thin_the_tables_not_the_metrics(tmp_path):
     for path in list_token_files(tmp_path / "run").path:
         table = pq.read_table(path)
         assert len(set(table.column("seq").to_pylist())) == 8  # of 16
-        assert table.schema.field(schema.COL_ROUTES_NEW).type.list_size == 1 * TOP_K
+        assert read_routes(path, schema.COL_ROUTES_NEW, TOP_K).shape[1] == 1  # one layer of top-k
     for m in load_metrics(tmp_path / "run").to_dict("records"):
         assert len(m["routing/old_new/changed_by_layer"]) == LAYERS  # the step's metrics use every layer and token
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -85,7 +86,7 @@ def test_bf16_flips_concentrate_at_small_router_margin():
 
 def test_cli_writes_a_probe_folder_json_csv_and_plots(tmp_path, capsys):
     a, b = save_family(tmp_path / "a", "olmoe", seed=0), save_family(tmp_path / "b", "olmoe", seed=1)
-    out, csv, plots, js = tmp_path / "probe", tmp_path / "csv", tmp_path / "plots", tmp_path / "p.json"
+    out, csv, plots, js = tmp_path / "probe", tmp_path / "tables.csv", tmp_path / "plots", tmp_path / "p.json"
     code = main(["probe", "compare", a, b, "--count", "8", "--out", str(out), "--csv", str(csv), "--plots", str(plots),
                  "--json", str(js), "--no-progress"])
     assert code == 0
@@ -94,10 +95,57 @@ def test_cli_writes_a_probe_folder_json_csv_and_plots(tmp_path, capsys):
     saved = read_probe_folder(out)
     assert saved.probe == "compare" and saved.suite["count"] == 8 and len(saved.suite["sha256"]) == 64
     assert set(saved.tables) == {"summary", "by_layer", "by_position", "by_margin"}
-    pd.testing.assert_frame_equal(saved.tables["by_layer"], pd.read_csv(csv / "by_layer.csv"))
+    stacked = pd.read_csv(csv)  # every table, a first column naming each row's
+    assert stacked.columns[0] == "table" and list(stacked.table.unique()) == list(saved.tables)
+    by_layer = stacked[stacked.table == "by_layer"][saved.tables["by_layer"].columns].reset_index(drop=True)
+    pd.testing.assert_frame_equal(saved.tables["by_layer"], by_layer, check_dtype=False)
     assert json.loads(js.read_text())["tables"]["summary"][0]["tokens"] == saved.tables["summary"].tokens.iloc[0]
     assert (plots / "compare_flips.png").stat().st_size > 0
 
+
+
+def test_cli_json_and_csv_go_to_stdout_without_a_file(tmp_path, capsys):
+    # The convention of `moestab analyze` too: FILE given -> written there; none (or '-') -> stdout, which then
+    # carries that output only.
+    a = save_family(tmp_path / "a", "qwen3_moe")
+    args = ["probe", "compare", a, a, "--count", "4", "--max-tokens", "16", "--no-progress"]
+    assert main([*args, "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["probe"] == "compare" and result["tables"]["summary"][0]["router_flip"] == 0
+    assert main([*args, "--csv", "-", "--json", str(tmp_path / "r.json"), "--out", str(tmp_path / "p")]) == 0
+    captured = capsys.readouterr()
+    stacked = pd.read_csv(io.StringIO(captured.out))
+    assert stacked.columns[0] == "table" and list(stacked.table.unique()) == list(result["tables"])
+    assert json.loads((tmp_path / "r.json").read_text())["tables"] == result["tables"]
+    assert "probe folder: " in captured.err  # what was written is said on stderr, not in the CSV
+    assert main(args) == 0  # neither: the text tables
+    assert "summary:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--json", "--csv"], "--json and --csv both go to stdout; give one of them a FILE"),
+        (["--csv", "{tmp}"], "--csv {tmp} is a folder; give a file, or no FILE for stdout"),
+        (["--json", "{tmp}"], "--json {tmp} is a folder"),
+        (["--csv", ""], "argument --csv: the value is empty"),
+    ],
+)
+def test_cli_json_and_csv_targets_that_cannot_be_written_are_refused(tmp_path, capsys, args, expected):
+    a = save_family(tmp_path / "a", "qwen3_moe")
+    out = tmp_path / "out"
+    argv = ["probe", "compare", a, a, "--count", "4", "--out", str(out), *(x.format(tmp=tmp_path) for x in args)]
+    if args[-1] == "":
+        with pytest.raises(SystemExit) as refused:  # argparse's own refusal
+            main(argv)
+        code = refused.value.code
+    else:
+        code = main(argv)
+    assert code == 2
+    captured = capsys.readouterr()
+    assert expected.format(tmp=tmp_path) in captured.err and captured.out == ""
+    assert not out.exists()  # refused before the probe ran
 
 def test_suites_are_deterministic_and_user_jsonl_is_read(tmp_path):
     assert load_suite("general", 32).sha256 == load_suite("general", 32).sha256

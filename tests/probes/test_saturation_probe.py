@@ -23,12 +23,13 @@ def run_probe_script(monkeypatch, *args: str) -> int:
 def test_saturation_probe_over_a_runs_checkpoints(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     train(tiny_config(run, tmp_path / "cache", steps=2, save_every=1), log=lambda s: None)
-    out = tmp_path / "csv"
+    out = tmp_path / "saturation.csv"
     code = run_probe_script(monkeypatch, str(run), "--suite", "task:arithmetic", "--count", "8", "--csv", str(out),
                             "--no-progress")
     assert code == 0
     assert "probe saturation on run@0, run@1, run@2" in capsys.readouterr().out
-    table = pd.read_csv(out / "saturation.csv")
+    table = pd.read_csv(out)
+    assert set(table.pop("table")) == {"saturation"}
     assert table.checkpoint.unique().tolist() == ["run@0", "run@1", "run@2"]
     assert sorted(table.layer.unique()) == [0, 1, 2, 3]
     assert (table[table.checkpoint == "run@2"].saturation == 1.0).all()  # the reference against itself

@@ -155,12 +155,13 @@ def test_cli_and_script_write_probe_folders_with_plots(run, tmp_path, capsys, mo
 
     script = str(ROOT / "probes" / "step_volatility.py")
     monkeypatch.setattr(sys, "argv", [script, str(run), "--prompts", "4", "--group-size", "4", "--lrs", "1e-3",
-                                      "--minibatch-counts", "1", "2", "--csv", str(tmp_path / "csv"), "--plots",
+                                      "--minibatch-counts", "1", "2", "--csv", str(tmp_path / "tables.csv"), "--plots",
                                       str(plots), "--no-progress"])
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(script, run_name="__main__")
     assert exit_info.value.code == 0
-    table = pd.read_csv(tmp_path / "csv" / "step_volatility.csv")
+    stacked = pd.read_csv(tmp_path / "tables.csv")
+    table = stacked[stacked.table == "step_volatility"]
     assert table.minibatches.tolist() == [1, 2]
     assert (plots / "step-volatility.png").stat().st_size > 0
 

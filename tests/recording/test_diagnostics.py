@@ -181,6 +181,7 @@ def test_a_diagnostics_run_is_a_run_that_analyze_reads(tmp_path):
     assert list(lines[0]) == list(keys.in_table_order(lines[0])) and "rollout_train_k3_kl" not in lines[0]
     info = json.loads((tmp_path / "run" / schema.RUN_JSON).read_text())
     assert info["status"] == "finished" and info["last_step"] == 3 and info["config"]["routing_replay"] == "rollout"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "metrics.jsonl", "run.json"]
     row = summarize_runs([tmp_path / "run"]).iloc[0]
     flip = route_change(intersection_sizes(a, b), 2)["router_flip"][0]
     assert row["replay"] == "R3" and row["steps"] == 3

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from moestab.records import Remedies, RunFolder, RunFolderError, schema
-from moestab.records.errors import NotARunError
+from moestab.records.errors import NotARunError, RunFileError
 from moestab.records.lock import lock_path, run_lock
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
@@ -43,6 +43,38 @@ def test_the_layout_is_the_schemas(tmp_path):
     assert folder.checkpoint_dir(12) == tmp_path / "run" / "checkpoints" / "step_000012"
     assert folder.state_file(12) == tmp_path / "run" / "state" / "step_000012.pt"
     assert not folder.holds_run and folder.complete_checkpoints() == []
+
+
+def test_a_writer_makes_the_subfolders_it_fills_and_refuses_others_before_writing(tmp_path):
+    config = {"algo": "gspo", "routing_replay": "off", "model": "embedded", "steps": 3}
+    a_run(tmp_path / "train")  # moestab train's layout: every run subfolder
+    assert sorted(p.name for p in (tmp_path / "train").iterdir() if p.is_dir()) == sorted(
+        [schema.CHECKPOINTS_DIR, schema.STATE_DIR, schema.TOKENS_DIR])
+    RunWriter(tmp_path / "trl").start(config=config, model=MODEL, environment={}, config_yaml="",
+                                      subfolders=(schema.TOKENS_DIR,))  # a writer that saves no checkpoints
+    assert sorted(p.name for p in (tmp_path / "trl").iterdir()) == [schema.CONFIG_YAML, schema.RUN_JSON,
+                                                                      schema.TOKENS_DIR]
+    for wrong, named in [(("tokens", "tensorboard"), "['tensorboard'] are not run subfolders"),
+                         ("tokens", "got the string 'tokens'")]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            RunWriter(tmp_path / "wrong").start(config=config, model=MODEL, environment={}, config_yaml="",
+                                                subfolders=wrong)
+        assert not (tmp_path / "wrong").exists()  # refused before anything was written
+
+
+def test_warnings_are_kept_in_run_json_in_order(tmp_path):
+    writer = RunWriter(tmp_path / "run")
+    a_run(tmp_path / "run")
+    assert "warnings" not in json.loads((tmp_path / "run" / schema.RUN_JSON).read_text())  # none: no key
+    writer.add_warning("step 1: first")
+    writer.update(last_step=2)  # an update keeps them
+    writer.add_warning("step 2: second")
+    assert RunFolder(tmp_path / "run").info().warnings == ("step 1: first", "step 2: second")
+    raw = json.loads((tmp_path / "run" / schema.RUN_JSON).read_text())
+    assert raw["warnings"] == ["step 1: first", "step 2: second"]
+    (tmp_path / "run" / schema.RUN_JSON).write_text(json.dumps({**raw, "warnings": "step 1: first"}))
+    with pytest.raises(RunFileError, match="expected a list of strings"):
+        RunFolder(tmp_path / "run").info()
 
 
 def test_a_new_run_may_go_to_an_absent_or_empty_folder_only(tmp_path):

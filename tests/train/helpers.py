@@ -40,10 +40,10 @@ def tiny_config(out: Path, cache: Path, **overrides) -> TrainConfig:
     return build_config(TrainConfig, values)
 
 
-def one_grpo_step(replay: str, engine: Callable, **settings):
+def one_grpo_step(replay: str, engine: Callable, measured: torch.Tensor | None = None, **settings):
     """One grpo ``run_step`` of a fresh embedded policy on 4 prompts x 4 samples with ``engine(model, tokenizer)``
     as the rollout engine: ``(model before the step, model after, metrics, step tensors)``. ``settings`` override
-    the ``StepSettings`` (2 minibatches, temperature 1, 4 new tokens, ...)."""
+    the ``StepSettings`` (2 minibatches, temperature 1, 4 new tokens, ...); ``measured`` is ``run_step``'s."""
     torch.manual_seed(0)
     model, tokenizer = build_embedded_policy()
     before = copy.deepcopy(model)
@@ -55,6 +55,6 @@ def one_grpo_step(replay: str, engine: Callable, **settings):
     metrics, tensors = run_step(
         model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), engine=engine(model, tokenizer),
         task=task, settings=settings, examples=task.sample(4, random.Random(0)),
-        generator=torch.Generator().manual_seed(0),
+        generator=torch.Generator().manual_seed(0), measured=measured,
     )
     return before, model, metrics, tensors

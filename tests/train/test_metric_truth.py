@@ -12,13 +12,13 @@ import json
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 
 from moestab.analysis.attribution import run_attribution
 from moestab.cli import main
 from moestab.records import schema
 from moestab.train import train
+from tests.records.tables import token_frame
 
 from .engines import DisagreeingRoutesEngine
 from .helpers import tiny_config
@@ -29,7 +29,7 @@ def run(tmp_path, cache_dir, replay: str, **overrides):
     train(config, log=lambda s: None, rollout_engine=DisagreeingRoutesEngine)
     out = tmp_path / replay
     metrics = [json.loads(line) for line in (out / schema.METRICS_JSONL).read_text().splitlines()]
-    tokens = pd.concat(pq.read_table(out / schema.tokens_file(s)).to_pandas() for s in (1, 2))
+    tokens = pd.concat(token_frame(out / schema.tokens_file(s)) for s in (1, 2))
     return out, metrics, tokens
 
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from moestab.records import schema
+from moestab.records.reader import read_routes
 from moestab.rl import PRESETS
 from moestab.train import train
+from tests.records.tables import token_frame
 
 from .helpers import tiny_config
 
@@ -52,8 +54,8 @@ def check_run(run_dir, steps: int, algo: str, replay: str) -> None:
         table = pq.read_table(run_dir / schema.tokens_file(step))
         assert table.column_names == TOKEN_COLUMNS
         assert table.num_rows > 0
-        assert table.schema.field(schema.COL_ROUTES_OLD).type.list_size == 4 * 2
-        routes = np.stack(table.column(schema.COL_ROUTES_OLD).to_numpy(zero_copy_only=False))
+        routes = read_routes(run_dir / schema.tokens_file(step), schema.COL_ROUTES_OLD, top_k=2)  # [tokens, 4, 2]
+        assert routes.shape[1:] == (4, 2)
         assert routes.min() >= 0 and routes.max() < 8  # every recorded response token is routed
         assert (run_dir / schema.checkpoint_dir(step) / "model.safetensors").is_file()
 
@@ -90,7 +92,7 @@ def test_checkpoint_loads_with_transformers_alone(tmp_path, cache_dir):
 @pytest.mark.parametrize("replay", ["off", "old", "rollout", "rollout-gates"])
 def test_first_minibatch_ratios_are_exactly_one(tmp_path, cache_dir, replay):
     train(tiny_config(tmp_path / "run", cache_dir, steps=1, routing_replay=replay), log=lambda s: None)
-    table = pq.read_table(tmp_path / "run" / schema.tokens_file(1)).to_pandas()
+    table = token_frame(tmp_path / "run" / schema.tokens_file(1))
     first = table[table.minibatch == 0]
     assert len(first) and (first.log_w == 0.0).all()  # pi_theta == pi_old before the first update
     assert (table[table.minibatch == 1].log_w != 0.0).any()  # ... and not after it
@@ -108,8 +110,8 @@ def test_volume_controls_thin_the_tables_but_not_the_step_aggregates(tmp_path, c
     train(tiny_config(thin, cache_dir, steps=1, record_fraction=0.5, record_layers="1,3"), log=lambda s: None)
     info = json.loads((thin / schema.RUN_JSON).read_text())
     assert info["model"]["recorded_layers"] == [1, 3]
-    full_t = pq.read_table(full / schema.tokens_file(1)).to_pandas()
-    thin_t = pq.read_table(thin / schema.tokens_file(1)).to_pandas()
+    full_t = token_frame(full / schema.tokens_file(1))
+    thin_t = token_frame(thin / schema.tokens_file(1))
     assert thin_t.seq.nunique() == full_t.seq.nunique() // 2  # 16 sequences -> 8
     # same seed, same rollout: the kept rows are the full table's rows of those sequences
     kept = full_t[full_t.seq.isin(set(thin_t.seq))].reset_index(drop=True)
@@ -144,7 +146,7 @@ def test_training_a_local_checkpoint_of_another_family(tmp_path, family):
     )
     info = json.loads((result.run_dir / schema.RUN_JSON).read_text())
     assert result.status == "finished" and info["model"]["family"] == family
-    table = pq.read_table(result.run_dir / schema.tokens_file(1)).to_pandas()
+    table = token_frame(result.run_dir / schema.tokens_file(1))
     first = table[table.minibatch == 0]
     assert (first.log_w == 0.0).all()  # R2 on this family too: exact ratio 1 before the first update
     assert np.array_equal(np.stack(first.routes_update), np.stack(first.routes_old))

@@ -2,9 +2,15 @@
 
     from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 
-    trainer = MoestabGRPOTrainer(model=model, args=GRPOConfig(...), reward_funcs=reward, train_dataset=data,
+    args = GRPOConfig(importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4, ...)
+    trainer = MoestabGRPOTrainer(model=model, args=args, reward_funcs=reward, train_dataset=data,
                                  moestab=RecordSettings("runs/trl-gspo"))
     trainer.train()  # runs/trl-gspo: run.json, metrics.jsonl, tokens/ (docs/run-format.md)
+
+GSPO is ``importance_sampling_level="sequence"`` *with* ``loss_type="grpo"`` and GRPO ``"token"`` with it (TRL's
+default loss, ``"dapo"``, sums tokens and is neither): run.json's ``algo`` is then ``gspo (trl-grpo-sequence)`` or
+``grpo (trl-grpo-token)``, otherwise ``trl-<loss_type>-<importance_sampling_level>``
+(:func:`~moestab.integrations.trl.settings.algo_label`; README, "Inside TRL's GRPOTrainer", has both papers' settings).
 
 ``RoutingRecords`` is the same as a mixin for a ``GRPOTrainer`` subclass of your own. The run folder is written by
 ``moestab.records`` with the step metrics and token tables of ``moestab train`` (the recording layer,
@@ -17,9 +23,13 @@ advantages (hence which ratios the loss clipped) and TRL's pi_old log-probs are 
 of each optimizer step. TRL's classes are not patched.
 
 **A step** is one TRL generation batch and the optimizer steps made from it (``steps_per_generation *
-num_iterations / gradient_accumulation_steps`` of them: moestab's minibatches). Hooks (``RoutingRecorder`` and
-:class:`~moestab.integrations.trl.capture.ForwardCapture`) are installed around each ``training_step`` and removed
-on exit. Per step:
+num_iterations / gradient_accumulation_steps`` of them: moestab's minibatches,
+:class:`~moestab.integrations.trl.settings.CycleLayout`). TRL's ``max_steps`` counts optimizer steps, so a run has
+``max_steps // (steps_per_generation * num_iterations / gradient_accumulation_steps)`` moestab steps: ``max_steps=2``
+with ``steps_per_generation=2`` (and the defaults ``num_iterations=1``, ``gradient_accumulation_steps=1``) is ONE
+moestab step of two minibatches. The run folder has no ``checkpoints/`` or ``state/`` (TRL saves its own). Hooks
+(``RoutingRecorder`` and :class:`~moestab.integrations.trl.capture.ForwardCapture`) are installed around each
+``training_step`` and removed on exit. Per step:
 
 - *rollout*: the routes of TRL's ``model.generate()`` (prefill and KV-cached decode steps) and each sampled token's
   log-prob under ``softmax(logits / T)`` of the step that sampled it, ``T`` the temperature of TRL's generation
@@ -33,9 +43,12 @@ on exit. Per step:
 - *update*: TRL's loss forward of each micro-batch; with ``num_iterations > 1`` each sequence is trained on
   several times and the last pass is kept (its ``minibatch`` is the optimizer step of that pass).
 - *pi_new*: one more no-grad forward after the step's last optimizer step, on exactly pi_old's inputs and chunks
-  (TRL's own kwargs, under its autocast), so with no update in between old->new volatility is exactly 0. This is
-  the recorder's main cost (docs/benchmarks.md): ``RecordSettings(new_fraction=f)`` re-runs only the first share
-  ``f`` of pi_old's chunks (old->new is then measured on those sequences), ``every=N`` records every N-th step.
+  (TRL's own kwargs, under its autocast), so with no update in between old->new volatility is exactly 0 (a step
+  whose old->new change is 0 because nothing moved, or because the updates were too small to change a route, is
+  warned about once, logged and in run.json's ``warnings``: :mod:`~moestab.integrations.trl.stillness`). This is
+  the recorder's main cost (docs/benchmarks.md): ``RecordSettings(budget=MeasureBudget(fraction=f, every=N))``
+  re-runs a seeded share ``f`` of pi_old's chunks (old->new is then measured on those sequences, with its sampling
+  error) and records every N-th step only, as ``moestab train --measure-fraction f --measure-every N`` does.
 - *routing's share of the ratio* (``RecordSettings(routing_share=True)``, off by default; ``routing_share/*``
   keys): after each loss forward of the last pass, before its optimizer step, the same call again without grad on
   the same weights with pi_old's routes replayed (``RoutingReplay``, outside the capture, random generators as the

@@ -20,6 +20,7 @@ from moestab.integrations.trl.capture import GenerationCall, ScoringCall
 from moestab.integrations.trl.settings import ClipRule, CycleLayout
 from moestab.recording.batch import RolloutBatch
 from moestab.recording.step_tensors import StepTensors
+from moestab.records import schema
 from moestab.routing import RecordingError, Routes
 from moestab.tasks import Example
 
@@ -191,6 +192,7 @@ def _rollout_logp(gen: GenerationCall, completion: torch.Tensor, mask: torch.Ten
 def assemble(
     cycle: CycleRecord,
     new_calls: Sequence[ScoringCall],
+    new_chunks: Sequence[int],
     *,
     layout: CycleLayout,
     clip: ClipRule,
@@ -199,9 +201,10 @@ def assemble(
     routing_share: bool = False,
 ) -> StepTensors:
     """The cycle's ``StepTensors``. ``new_calls`` are pi_new's forwards, run after the cycle's last optimizer step on
-    exactly the inputs of :func:`pi_old_calls`, in order: all of them, or the first few (the sequences of the others
-    then have no pi_new: routes -1, log-probs NaN). ``routing_share``: the last pass's loss steps carry their
-    counterfactual log-probs (``LossStep.counterfactual``), or TRL computed no pi_old and the update is its own."""
+    exactly the inputs of :func:`pi_old_calls` number ``new_chunks`` (sorted), in order: all of them, or some (the
+    sequences of the others then have no pi_new: routes -1, log-probs NaN, and ``StepTensors.measured`` says so).
+    ``routing_share``: the last pass's loss steps carry their counterfactual log-probs (``LossStep.counterfactual``),
+    or TRL computed no pi_old and the update is its own."""
     gen = cycle.generation
     pool = rollout_ids(gen).cpu()  # [N, L]
     n, prompt_len = gen.prompt_ids.shape
@@ -229,9 +232,16 @@ def assemble(
         if not torch.equal(batch_col("old_per_token_logps").float(), old.logp):  # what TRL's ratio used
             raise RecordingError("TRL's old_per_token_logps differ from its pi_old forward's log-probs")
     # else TRL's ratio is exactly 1 (old_per_token_logps is the loss forward's own, detached): old == update.
-    if not 0 < len(new_calls) <= len(old_calls):
-        raise RecordingError(f"pi_new ran {len(new_calls)} forwards for pi_old's {len(old_calls)}")
-    new = _policy(new_calls, old_rows[: len(new_calls)], n, prompt_len, partial=len(new_calls) < len(old_calls))
+    if not 0 < len(new_calls) <= len(old_calls) or len(new_chunks) != len(new_calls):
+        raise RecordingError(f"pi_new ran {len(new_calls)} forwards (chunks {list(new_chunks)}) for pi_old's "
+                             f"{len(old_calls)}")
+    new_rows = [old_rows[i] for i in new_chunks]
+    partial = len(new_calls) < len(old_calls)
+    new = _policy(new_calls, new_rows, n, prompt_len, partial=partial)
+    measured = None
+    if partial:
+        measured = torch.zeros(n, dtype=torch.bool)  # [N]
+        measured[torch.cat(new_rows)] = True
     clipped = clip.mask(update.logp, old.logp, advantages, response_mask)  # [N, C]
     counterfactual = clipped_counterfactual = None
     if routing_share:
@@ -267,6 +277,8 @@ def assemble(
         entropy=old.entropy,  # [N, C]
         logp_update_counterfactual=counterfactual,  # TRL's update routes freely: this is the replayed side
         clipped_counterfactual=clipped_counterfactual,
+        measured=measured,
+        sampled=frozenset({schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW}) if partial else frozenset(),
     )
     return tensors
 

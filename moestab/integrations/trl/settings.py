@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from moestab import rl
+from moestab.recording.budget import MeasureBudget
 
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """TRL loss types that clip the ratio as PPO does (``min(w A, clip(w) A)``): moestab's ``ppo-clip``."""
@@ -28,12 +28,14 @@ class RecordSettings:
     """Share of each step's sequences written to the per-token table; the metrics always use every sequence."""
     record_layers: tuple[int, ...] | None = None
     """Decoder-layer indices of the MoE layers the per-token table keeps (default: all)."""
-    every: int = 1
-    """Record every ``every``-th generation cycle; the others run with no hook and no extra forward."""
-    new_fraction: float = 1.0
-    """Share of pi_old's forward chunks that pi_new re-runs after the updates (at least one chunk), in order: pi_new
-    costs about this share of a no-grad forward of the batch. Sequences left out have no pi_new (routes -1,
-    ``logp_new`` NaN), so old->new volatility is measured on the others only."""
+    budget: MeasureBudget = field(default_factory=MeasureBudget)
+    """The measurement budget, as ``moestab train``'s (:mod:`moestab.recording.budget`): ``every`` records generation
+    cycles 1, 1 + every, ... (the others run with no hook and no extra forward); ``fraction`` is the share of
+    pi_old's forward chunks that pi_new re-runs after the updates (at least one chunk, drawn by the budget's seeded
+    rule with TRL's seed + the step): pi_new costs about this share of a no-grad forward of the batch. The unit is
+    a chunk of TRL's pi_old forward, not a group: pi_new must see exactly pi_old's inputs and shapes. Sequences left
+    out have no pi_new (routes -1, ``logp_new`` NaN); old->new volatility is measured on the others and logged with
+    its sampling error over the groups they hold (``routing/old_new/*_se``)."""
     overwrite: bool = False
     """Delete a finished, failed or stopped run already in ``run_dir`` first (never another kind of folder)."""
     routing_share: bool = False
@@ -47,14 +49,12 @@ class RecordSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.record_fraction <= 1.0:
             raise ValueError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
-        if self.every < 1:
-            raise ValueError(f"every must be >= 1, got {self.every}")
-        if not 0.0 < self.new_fraction <= 1.0:
-            raise ValueError(f"new_fraction must be in (0, 1], got {self.new_fraction}")
+        if not isinstance(self.budget, MeasureBudget):
+            raise ValueError(f"budget must be a moestab.recording.budget.MeasureBudget, got {self.budget!r}")
 
-    def new_chunks(self, chunks: int) -> int:
-        """How many of pi_old's ``chunks`` forward chunks pi_new re-runs."""
-        return max(1, math.ceil(self.new_fraction * chunks - 1e-9))
+    def new_chunks(self, chunks: int, seed: int) -> list[int]:
+        """Indices (sorted) of pi_old's ``chunks`` forward chunks that pi_new re-runs, drawn with ``seed``."""
+        return self.budget.groups(chunks, seed).tolist()
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,23 @@ def clip_rule(args: Any) -> ClipRule:
                                  "aggregation": "token-mean"})
 
 
+NAMED_ALGOS = {("grpo", "token"): "grpo", ("grpo", "sequence"): "gspo"}
+"""``(loss_type, importance_sampling_level)`` -> the algorithm the pair is, as ``moestab train`` names it: a ratio per
+token (GRPO, DeepSeekMath) or per sequence (GSPO), each with TRL's ``loss_type="grpo"``, the loss a mean per sequence
+as both papers write it. Other pairs are named by TRL's settings only: TRL's default ``loss_type="dapo"`` sums tokens
+over the batch, which weighs a sequence by its length (with ``"sequence"`` TRL warns that this is not GSPO). The clip
+range, ``beta`` and the batch layout are hyperparameters, in run.json's ``config.trl``."""
+
+
+def algo_label(args: Any) -> str:
+    """run.json's ``algo`` of a TRL run: ``trl-<loss_type>-<importance_sampling_level>``, after the algorithm's name
+    when the pair is one of :data:`NAMED_ALGOS` (``gspo (trl-grpo-sequence)``), so GSPO and GRPO runs read as such
+    beside ``moestab train``'s and a ``dapo``-loss run is never taken for either."""
+    settings = f"trl-{args.loss_type}-{args.importance_sampling_level}"
+    name = NAMED_ALGOS.get((args.loss_type, args.importance_sampling_level))
+    return settings if name is None else f"{name} ({settings})"
+
+
 RECORDED_ARGS = (
     "loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta", "learning_rate",
     "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
@@ -164,14 +181,14 @@ def run_config(args: Any, *, model: str, steps: int, settings: RecordSettings) -
     ``steps``), the recording settings, and the TRL settings under ``trl``."""
     return {
         "trainer": "trl.GRPOTrainer",
-        "algo": f"trl-{args.loss_type}-{args.importance_sampling_level}",
+        "algo": algo_label(args),
         "routing_replay": "off",  # TRL replays no routes
         "model": model,
         "steps": steps,
         "record_fraction": settings.record_fraction,
         "record_layers": None if settings.record_layers is None else list(settings.record_layers),
-        "record_every": settings.every,
-        "record_new_fraction": settings.new_fraction,
+        "measure_fraction": settings.budget.fraction,
+        "measure_every": settings.budget.every,
         "routing_share": settings.routing_share,
         "trl": {name: getattr(args, name, None) for name in RECORDED_ARGS},
     }

@@ -7,6 +7,7 @@ own method unchanged. :class:`TrlRecords` holds the recording state, so the trai
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -23,9 +24,12 @@ from transformers import TrainerCallback
 from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
 from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls, pi_old_routes
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
+from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
+from moestab.recording.budget import RULE
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
 from moestab.recording.step_metrics import step_metrics
+from moestab.recording.step_tensors import StepTensors
 from moestab.records import Remedies, RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
@@ -43,6 +47,12 @@ UNSUPPORTED_FEATURES = {
 """``GRPOTrainer`` features whose completions moestab cannot align with the policy's generate() calls."""
 
 
+RUN_SUBFOLDERS = (schema.TOKENS_DIR,)
+"""The run's subfolders: per-token tables only (TRL saves its own checkpoints, and the run cannot be resumed)."""
+
+logger = logging.getLogger(__name__)
+"""Warnings about the run's numbers (:mod:`~moestab.integrations.trl.stillness`), also kept in run.json."""
+
 REMEDIES = Remedies(folder="run_dir", overwrite="RecordSettings(..., overwrite=True)", resume=None)
 """How a refusal of the run folder tells a TRL user to go on (the policy is ``moestab train``'s: ``RunFolder``)."""
 
@@ -56,8 +66,8 @@ class TrlRecords:
     """The recording state of one trainer: settings checked at construction, one ``CycleRecord`` at a time.
 
     A cycle (moestab's step) is one TRL generation batch and the optimizer steps made from it. It is recorded if
-    its index is a multiple of ``settings.every``: each ``training_step`` of it runs inside a ``ForwardCapture``;
-    after its last optimizer step pi_new is computed and the step is written.
+    ``settings.budget`` measures its step: each ``training_step`` of it runs inside a ``ForwardCapture``; after its
+    last optimizer step pi_new is computed and the step is written.
     """
 
     def __init__(self, trainer: Any, settings: RecordSettings) -> None:
@@ -99,6 +109,7 @@ class TrlRecords:
         self._rng: tuple[torch.Tensor, list[torch.Tensor]] | None = None
         self._expect_inputs = False
         self._started = 0.0
+        self._warned: set[str] = set()  # kinds of stillness already reported: each once a run
 
     # ---- the run ---------------------------------------------------------------------------------
     @contextmanager
@@ -143,17 +154,18 @@ class TrlRecords:
         name = model.config.name_or_path or f"{model.config.model_type} (built in code)"
         config = run_config(args, model=name, steps=max_steps // self.layout.optimizer_steps, settings=self.settings)
         environment = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                       "transformers": transformers.__version__, "trl": trl.__version__}
+                       "transformers": transformers.__version__, "trl": trl.__version__, "measure_rule": RULE}
         writer = RunWriter(self.run_dir)
         writer.start(config=config, model=self.model_info, environment=environment,
-                     config_yaml=yaml.safe_dump(config, sort_keys=False))
+                     config_yaml=yaml.safe_dump(config, sort_keys=False), subfolders=RUN_SUBFOLDERS)
         self.writer = writer  # from here on, however training ends, run.json says so
         self._stack.enter_context(writer.beating())
 
     # ---- one micro-step --------------------------------------------------------------------------
     def capture(self, model: torch.nn.Module, global_step: int) -> ForwardCapture | None:
         """The capture of the coming ``training_step``, or ``None`` when its cycle is not recorded."""
-        if self.writer is None or (global_step // self.layout.optimizer_steps) % self.settings.every:
+        cycle = global_step // self.layout.optimizer_steps + 1  # 1-based, as the budget counts steps
+        if self.writer is None or not self.settings.budget.measures_step(cycle):
             return None
         if model is not self.trainer.model:
             raise RecordingError("the trained module is a wrapper of trainer.model (several processes or a "
@@ -233,9 +245,10 @@ class TrlRecords:
         self._cycle = None
         step = global_step // self.layout.optimizer_steps  # 1-based: the cycle that just ended
         old_calls = pi_old_calls(cycle, self.layout)
-        new_calls = self._pi_new(old_calls[: self.settings.new_chunks(len(old_calls))])
+        picked = self.settings.new_chunks(len(old_calls), int(self.trainer.args.seed) + step)
+        new_calls = self._pi_new([old_calls[i] for i in picked])
         tokenizer = self.trainer.processing_class
-        t = assemble(cycle, new_calls, layout=self.layout, clip=self.clip,
+        t = assemble(cycle, new_calls, picked, layout=self.layout, clip=self.clip,
                      group_size=int(self.trainer.args.num_generations),
                      decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
                      routing_share=self.settings.routing_share)
@@ -245,6 +258,18 @@ class TrlRecords:
                           seed=int(self.trainer.args.seed) + step, layer_slots=self.layer_slots)
         write_step_metrics(self.writer, step, metrics)
         self.writer.update(last_step=step)
+        self._warn_if_still(step, t, metrics)
+
+    def _warn_if_still(self, step: int, t: StepTensors, metrics: dict[str, Any]) -> None:
+        """A warning (logged, and in run.json's ``warnings``), once a run for each kind, when the step's old->new
+        change is 0 because the policy did not move or moved too little to change a route (:func:`stillness`)."""
+        still = stillness(t, float(metrics[keys.ROUTING_CHANGED.format(pair="old_new")]))
+        if still is None or still.kind in self._warned:
+            return
+        self._warned.add(still.kind)
+        message = still.message(step, float(self.trainer.args.learning_rate))
+        logger.warning("moestab: %s", message)
+        self.writer.add_warning(message)
 
     def _pi_new(self, calls: list[ScoringCall]) -> list[ScoringCall]:
         """pi_new: pi_old's forwards again after the cycle's updates, same inputs and chunks, no grad."""

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every benchmark docs/benchmarks.md reports, one after the other on one machine, each log beside its command.
+#
+#   bash bench/run_all.sh [OUT]        # OUT default: runs/benchmarks-<UTC date>
+#
+# Run it on an otherwise idle machine (nothing else running: the logs record the load average before and after
+# each benchmark). Takes about an hour on the 2-core CPU machine. Each benchmark's output goes to OUT/<name>.log,
+# starting with its command; docs/benchmarks.md quotes them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/benchmarks-$(date -u +%Y-%m-%d)}
+mkdir -p "$OUT"
+PY=.venv/bin/python
+DEFAULT_FRACTION=$($PY -c "from moestab.train import TrainConfig; print(TrainConfig().measure_fraction)")
+
+run() {  # run NAME COMMAND...: the command's output in OUT/NAME.log, with the load before and after
+  local name=$1; shift
+  {
+    echo "\$ $*"
+    echo "# $(date -u +%FT%TZ), load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$@" 2>&1
+    echo "# $(date -u +%FT%TZ), load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  } > "$OUT/$name.log"
+  echo "$name done"
+}
+
+run routing-2threads $PY bench/bench_routing.py --rounds 15 --threads 2
+run routing-1thread $PY bench/bench_routing.py --rounds 15 --threads 1
+run analysis $PY bench/bench_analysis.py
+run diagnostics $PY bench/bench_diagnostics.py --rounds 3
+run train-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 --measure-fraction 1
+run train-default $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 \
+  --measure-fraction "$DEFAULT_FRACTION"
+run train-sort32 $PY bench/bench_train.py --threads 2 --rounds 5 --micro-rounds 5 --task sort:length=32 \
+  --measure-fraction "$DEFAULT_FRACTION"
+run routing-share $PY bench/bench_train.py --routing-share-only --threads 1 --rounds 10
+run probe $PY bench/bench_probe.py --threads 2 --rounds 7
+run trl-budget1 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction 1.0
+run trl-default $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction "$DEFAULT_FRACTION"
+run trl-sort32 $PY bench/bench_trl_callback.py --pairs 8 --threads 1 --task sort:length=32 \
+  --measure-fraction "$DEFAULT_FRACTION"
+run trl-routing-share $PY bench/bench_trl_callback.py --pairs 10 --threads 1 --routing-share
+run fine-grained $PY scripts/fine_grained_bench.py --warm-start --steps 10 --prompts 32 --threads 1 --seeds 0 1 2 \
+  --models embedded:fine embedded embedded:dense
+echo "logs in $OUT"

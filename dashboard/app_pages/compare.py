@@ -1,0 +1,147 @@
+"""Compare: the selected runs grouped by their config, each group's seeds as mean ± sd per step, outcome (reward, eval
+accuracy) beside routing volatility, rollout -> trainer mismatch, ratio variance and clipping on one step axis.
+
+Grouping, the mean and sd over seeds, smoothing and the list of keys are :mod:`moestab.analysis.compare`'s; this
+page lays out its widgets and charts."""
+
+import pandas as pd
+import streamlit as st
+from dashkit import charts, loaders, ui
+
+from moestab.analysis.compare import (
+    DEFAULT_KEYS,
+    aggregate,
+    config_table,
+    curves,
+    default_group_fields,
+    describe,
+    group_labels,
+    group_members,
+    label_fields,
+    metric_keys,
+    named_values,
+    runs_without,
+    smooth,
+    step_domain,
+    style_fields,
+    varying_fields,
+)
+from moestab.metrics import keys
+
+MEAN, EACH = "mean ± sd over a group's runs", "each run"
+GROUP, NO_DASH = "group", "none"
+
+ui.page_header(
+    "Compare",
+    "Did routing volatility rise, and did it hurt one objective more than another? Runs grouped by what their "
+    "run.json config says; each group's runs (seeds) drawn as mean ± sd per step, from metrics.jsonl (every "
+    "response token of each step).",
+)
+ctx = ui.context()
+runs = ui.selected_runs()
+if not runs:
+    st.stop()
+
+hidden = ui.left_out(ctx)
+if hidden:
+    st.info(
+        f"Comparing {len(runs)} of {len(ctx.runs)} runs found. Not shown: "
+        + "; ".join(f"**{label}** ({why})" for label, why in hidden) + ".",
+        icon=":material/visibility_off:",
+    )
+
+frames: dict[str, pd.DataFrame] = {}
+configs: dict[str, dict] = {}
+starts: dict[str, float] = {}  # eval accuracy of the starting policy, drawn at step 0
+for run in runs:
+    loaded = loaders.metrics(run.path, run.key)
+    if not ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step"):
+        continue  # said why (no step yet, or unreadable)
+    info = loaders.info(run.path, run.key).value
+    frames[run.label], configs[run.label] = loaded.value, info.config
+    if info.warm_start_accuracy is not None:
+        starts[run.label] = info.warm_start_accuracy
+if not frames:
+    st.stop()
+
+table = config_table(configs)
+varying = varying_fields(table)
+group_cell, colour_cell, dash_cell, mode_cell = st.columns([3, 2, 2, 2])
+with group_cell:
+    group_by = st.multiselect(
+        "Group by", varying, default=default_group_fields(varying), key="compare_group_by",
+        help="run.json config fields whose value differs among the runs. Runs with equal values share a group "
+        "(seed, out and other fields that only tell runs apart are left out at first, so seeds fall together).",
+    )
+first_colour, first_dash = style_fields(group_by)
+with colour_cell:
+    colour_options = [GROUP, *group_by]
+    color_by = st.selectbox("Colour by", colour_options, index=colour_options.index(first_colour or GROUP),
+                            key="compare_color", help="A group field (each of its values one colour), or the group.")
+with dash_cell:
+    dash_options = [NO_DASH, *(field for field in group_by if field != color_by)]
+    dash_by = st.selectbox("Dash by", dash_options, key="compare_dash",
+                           index=dash_options.index(first_dash) if first_dash in dash_options else 0,
+                           help="A second group field drawn as line style.")
+with mode_cell:
+    mode = st.radio("Draw", [MEAN, EACH], key="compare_mode")
+weight = st.slider(
+    "Smoothing (EMA weight; 0 = off)", 0.0, 0.99, 0.0, 0.01, key="compare_smoothing",
+    help="Each run's curve is averaged with weights weight^age (TensorBoard's debiased EMA) before the mean over "
+    "its group, so the band is the spread of the smoothed runs.",
+)
+available = metric_keys(frames)
+chosen = st.multiselect(
+    "Metrics (type to search)", list(available), default=[key for key in DEFAULT_KEYS if key in available],
+    format_func=lambda key: f"{key} ({available[key]}/{len(frames)} runs)", key="compare_metrics",
+    help="Every scalar metrics.jsonl key of the selected runs (docs/metrics.md); the count says how many runs "
+    "logged it.",
+)
+
+groups = group_labels(table, group_by)
+group_of = groups.to_dict()
+members = group_members(groups)
+fields = [field for field in (color_by, dash_by) if field not in (GROUP, NO_DASH)]
+color_values = list(members) if color_by == GROUP else list(dict.fromkeys(named_values(table, color_by)))
+colors = charts.value_colors(color_values)
+st.dataframe(
+    pd.DataFrame({"group": list(members), "runs": [len(r) for r in members.values()],
+                  "run folders": [", ".join(r) for r in members.values()]}),
+    hide_index=True, width="stretch",
+)
+if mode == MEAN and all(len(r) == 1 for r in members.values()):
+    st.caption("Every group holds one run: no sd band. Group by fewer fields, or add seeds.")
+
+missing = {key: runs_without(frames, key) for key in chosen}
+missing = {key: labels for key, labels in missing.items() if labels}
+if missing:
+    st.info(
+        "Not every run has every chosen metric (its metrics.jsonl lacks the key: another trainer, e.g. TRL or a "
+        "diagnostics run, or a setting that does not log it); those runs are left out of that chart: "
+        + "; ".join(f"`{key}`: {', '.join(labels)}" for key, labels in missing.items()) + ".",
+        icon=":material/info:",
+    )
+
+if not chosen:
+    st.info("Choose metrics to draw in the box above (type part of a key to search).", icon=":material/search:")
+shown = {key: smooth(curves(frames, key, starts if key == keys.EVAL_ACCURACY else None), weight) for key in chosen}
+domain = step_domain(shown.values())
+for cell, (key, data) in zip(ui.grid(len(shown), per_row=3), shown.items(), strict=True):
+    with cell:
+        if not len(data):
+            st.info(f"No selected run has `{key}`.", icon=":material/help:")
+            continue
+        dash = None if dash_by == NO_DASH else dash_by
+        title = f"{key}: {describe(key)}" if describe(key) else key
+        if mode == MEAN:
+            frame = label_fields(aggregate(data, group_of), table, group_of, fields)
+            chart = charts.group_lines(frame, "mean", series=GROUP, color_by=color_by, dash_by=dash,
+                                       band=("low", "high"), colors=colors, title=title, ylabel=key, x_domain=domain,
+                                       tooltip=["sd", "n"])
+            alt_text = f"{key} against step, mean ± sd by group"
+        else:
+            frame = label_fields(data.assign(group=data["run"].map(group_of)), table, group_of, fields)
+            chart = charts.group_lines(frame, "value", series="run", color_by=color_by, dash_by=dash, colors=colors,
+                                       title=title, ylabel=key, x_domain=domain, tooltip=[GROUP])
+            alt_text = f"{key} against step, each run"
+        charts.show(chart, frame, alt_text)

@@ -1,0 +1,68 @@
+"""``--json [FILE]`` and ``--csv [FILE]``: one convention for every command that has them (analyze, probe).
+
+FILE given: the output is written there (its folder created). No FILE, or ``-``: it goes to stdout, which then carries
+that output only (the text tables are not printed), so ``moestab analyze runs/* --json | jq`` parses. Both options
+may be given as long as at most one goes to stdout. Without FILE the option goes after the positional arguments
+(``analyze RUN --json``): ``analyze --json RUN`` would read RUN as the FILE, which is why a FILE that is a folder
+is refused, saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+STDOUT = "-"
+"""The target of ``--json`` / ``--csv`` given without FILE (or with ``-``)."""
+
+
+def _target(value: str) -> str:
+    """argparse type of FILE: an empty value is refused (``Path("")`` would be the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the value is empty; give a file, or nothing (or '-') for stdout")
+    return value
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, json_what: str, csv_what: str) -> None:
+    """``--json [FILE]`` and ``--csv [FILE]``, writing what ``json_what`` / ``csv_what`` say (e.g. "the summary as
+    a JSON list of objects, one per run")."""
+    for option, what in (("--json", json_what), ("--csv", csv_what)):
+        parser.add_argument(option, nargs="?", const=STDOUT, default=None, metavar="FILE", type=_target,
+                            help=f"{what}, written to FILE; without FILE (or with '-'), printed to stdout instead "
+                                 "of the text tables (then put the option after the positional arguments)")
+
+
+def output_problem(json_target: str | None, csv_target: str | None) -> str | None:
+    """Why ``--json`` / ``--csv`` could not be written, checked before any work; ``None`` when they can: both on
+    stdout, a FILE that is a folder, or a FILE under a path that is a file."""
+    if json_target == STDOUT and csv_target == STDOUT:
+        return "--json and --csv both go to stdout; give one of them a FILE"
+    for option, target in (("--json", json_target), ("--csv", csv_target)):
+        if target in (None, STDOUT):
+            continue
+        path = Path(target)
+        if path.is_dir():
+            return (f"{option} {target} is a folder; give a file, or no FILE for stdout (then put {option} after the "
+                    "positional arguments)")
+        above = next((p for p in path.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            return f"{option} {target}: {above} is a file, not a folder"
+    return None
+
+
+def uses_stdout(json_target: str | None, csv_target: str | None) -> bool:
+    """Whether ``--json`` or ``--csv`` writes to stdout (then nothing else may)."""
+    return STDOUT in (json_target, csv_target)
+
+
+def emit(text: str, target: str) -> None:
+    """``text`` to stdout (:data:`STDOUT`) or to the file ``target`` (its folder created)."""
+    if not text.endswith("\n"):
+        text += "\n"
+    if target == STDOUT:
+        sys.stdout.write(text)
+        return
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

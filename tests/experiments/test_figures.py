@@ -1,0 +1,48 @@
+"""The notebooks' figure helpers (moestab.experiments.figures): integer x axes get integer ticks, one small panel per
+group with its title, its own band and the other groups' means in grey."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from moestab.experiments.figures import plot_mean_sd, plot_small_multiples
+
+# 2 arms x 2 seeds x steps 0..3 (matplotlib's own ticks there: 0, 0.5, 1, ...): arm a's mean is the step, arm b's
+# 10 + step; the two seeds 1 either side.
+FRAME = pd.DataFrame([{"arm": arm, "seed": seed, "step": step, "acc": base + step + (1 if seed else -1)}
+                      for arm, base in (("a", 0), ("b", 10)) for seed in (0, 1) for step in range(4)])
+
+
+def test_an_integer_x_gets_integer_ticks_and_a_float_x_keeps_its_own():
+    fig, ints = plt.subplots(figsize=(6.4, 4.8))  # wide enough for matplotlib's own ticks to go by 0.5
+    plot_mean_sd(ints, FRAME, "step", "acc", by=["arm"])
+    fig.canvas.draw()
+    assert [t for t in ints.get_xticks() if 0 <= t <= 3] == [0, 1, 2, 3]
+    fig, floats = plt.subplots(figsize=(6.4, 4.8))
+    plot_mean_sd(floats, FRAME.assign(step=FRAME.step / 3), "step", "acc", by=["arm"])
+    fig.canvas.draw()
+    assert not all(float(t).is_integer() for t in floats.get_xticks())  # 0..1: fractional ticks are right there
+    plt.close("all")
+
+
+def test_small_multiples_one_titled_panel_per_group_with_the_others_in_grey():
+    fig, axes = plt.subplots(1, 2, sharey=True)
+    plot_small_multiples(axes, FRAME, "step", "acc", "arm", styles={"b": {"color": "black", "linestyle": "--"}},
+                         order=["b", "a"])
+    assert [ax.get_title() for ax in axes] == ["b", "a"]
+    grey, own = axes[0].get_lines()  # the other group's mean first (under), then this group's
+    assert grey.get_color() == "0.75" and list(grey.get_ydata()) == [0.0, 1.0, 2.0, 3.0]
+    assert own.get_color() == "black" and own.get_linestyle() == "--"
+    assert list(own.get_ydata()) == [10.0, 11.0, 12.0, 13.0]
+    band = axes[0].collections[0].get_paths()[0].vertices[:, 1]  # mean +- sd, sd of (-1, +1) = sqrt(2)
+    assert band.min() == pytest.approx(10 - 2**0.5) and band.max() == pytest.approx(13 + 2**0.5)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="2 groups of 'arm' need 2 axes; got 3"):
+        plot_small_multiples(plt.subplots(1, 3)[1], FRAME, "step", "acc", "arm")
+    plt.close("all")

@@ -1,0 +1,34 @@
+"""Per-token tables read the way docs/run-format.md tells a pandas user to ("Reading the tables with pandas").
+
+For the tests that check moestab's numbers against the raw tables: they read them without moestab's reader, so a
+reader bug cannot hide in both sides of a comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from moestab.records import schema
+
+
+def token_frame(path: str | Path) -> pd.DataFrame:
+    """One per-token table as a DataFrame whose route cells are flat int16 arrays of ``layers * top_k`` ids, -1
+    where not recorded: what pandas gives for a schema version 2 table (``FixedSizeList<int16>``), and what the
+    documented ``numpy.frombuffer`` decoding gives for a version 3 one (binary, its layout in the schema metadata)."""
+    tokens = pd.read_parquet(path)
+    meta = pq.read_schema(path).metadata or {}
+    if schema.ROUTES_METADATA_KEY.encode() not in meta:
+        return tokens  # version 2: pandas already holds one int16 array a cell
+    layout = json.loads(meta[schema.ROUTES_METADATA_KEY.encode()])
+    dtype = np.dtype(layout["dtype"]).newbyteorder("<")
+    for column in schema.ROUTE_COLUMNS:
+        ids = np.frombuffer(b"".join(tokens[column]), dtype).reshape(len(tokens), -1)  # [tokens, layers * k]
+        routes = ids.astype(np.int16)
+        routes[ids == layout["absent"]] = -1
+        tokens[column] = list(routes)
+    return tokens
