@@ -69,11 +69,12 @@ varying = varying_fields(table)
 group_cell, colour_cell, dash_cell, mode_cell = st.columns([3, 2, 2, 2])
 with group_cell:
     group_by = st.multiselect(
-        "Group by", varying, default=default_group_fields(varying), key="compare_group_by",
+        "Group by", varying, default=default_group_fields(varying, table), key="compare_group_by",
         help="run.json config fields whose value differs among the runs. Runs with equal values share a group "
-        "(seed, out and other fields that only tell runs apart are left out at first, so seeds fall together).",
+        "(seed, out and other fields that only tell runs apart, and fields that differ only by being absent from "
+        "some runs, are left out at first, so seeds fall together).",
     )
-first_colour, first_dash = style_fields(group_by)
+first_colour, first_dash = style_fields(group_by, table)
 with colour_cell:
     colour_options = [GROUP, *group_by]
     color_by = st.selectbox("Colour by", colour_options, index=colour_options.index(first_colour or GROUP),

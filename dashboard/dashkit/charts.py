@@ -109,7 +109,9 @@ def _field_legend(field: str, **symbol) -> alt.Legend:
     ``field=`` (two legends of long labels side by side would not fit a third of a page), one entry a row, line
     symbols."""
     strip = f"replace(datum.label, /(^|\\/ ){field}=/g, '$1')" if re.fullmatch(r"\w+", field) else "datum.label"
-    return alt.Legend(orient="top", title=field, direction="vertical", labelLimit=170, titleLimit=170,
+    if field == "group":  # a group of several fields: values only, in the order the group table names them
+        strip = "replace(datum.label, /(^|, )\\w+=/g, '$1')"
+    return alt.Legend(orient="top", title=field, direction="vertical", labelLimit=260, titleLimit=170,
                       labelExpr=strip, symbolType="stroke", **symbol)
 
 

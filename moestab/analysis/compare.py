@@ -28,6 +28,9 @@ IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", 
 """Config fields that tell runs apart (or say how a run was started) rather than which condition it ran: left out of
 the default grouping, so that the seeds of one condition fall into one group."""
 
+OFF_VALUES = frozenset({"0", "0.0", "false", "null", '""', "[]", "{}"})
+"""A config value as :func:`config_table` writes it (JSON text) that means a setting is off."""
+
 ALL_RUNS = "all runs"
 """The group of every run when no field is chosen."""
 
@@ -67,9 +70,20 @@ def varying_fields(table: pd.DataFrame) -> list[str]:
     return [field for field in table.columns if table[field].nunique(dropna=False) > 1]
 
 
-def default_group_fields(fields: Iterable[str]) -> list[str]:
-    """``fields`` without :data:`IDENTITY_FIELDS`: the conditions, so that seeds share a group."""
-    return [field for field in fields if field not in IDENTITY_FIELDS]
+def default_group_fields(fields: Iterable[str], table: pd.DataFrame | None = None) -> list[str]:
+    """``fields`` without :data:`IDENTITY_FIELDS`: the conditions, so that seeds share a group. With the runs'
+    ``table`` (:func:`config_table`), also without the fields that are absent from some runs and off wherever present
+    (one value among 0, false, null, empty): a run written before a setting existed ran without it, so it is no
+    other condition (a field such as ``trainer: trl``, present in some runs only, still groups)."""
+    conditions = [field for field in fields if field not in IDENTITY_FIELDS]
+    if table is None:
+        return conditions
+
+    def only_off_when_present(field: str) -> bool:
+        present = table[field][table[field] != ABSENT].unique()
+        return len(present) == 1 and present[0] in OFF_VALUES
+
+    return [field for field in conditions if not only_off_when_present(field)]
 
 
 STYLE_ORDER = ("algo", "routing_replay", "rollout_dtype", "trainer", "model", "lr")
@@ -77,11 +91,18 @@ STYLE_ORDER = ("algo", "routing_replay", "rollout_dtype", "trainer", "model", "l
 comparison is usually about."""
 
 
-def style_fields(fields: Sequence[str]) -> tuple[str | None, str | None]:
+def style_fields(fields: Sequence[str], table: pd.DataFrame | None = None) -> tuple[str | None, str | None]:
     """The fields to colour and to dash the lines by, among the grouping ``fields``: those of :data:`STYLE_ORDER`
-    first, then the others in their order; ``None`` where there is no field left."""
+    first, then the others in their order; ``None`` where there is no field left. With the runs' ``table``, when
+    that colour and dash together do not tell every group apart (e.g. dense and MoE GRPO both ``algo=grpo,
+    routing_replay=off``), ``(None, None)``: colour by the group itself."""
     ranked = sorted(fields, key=lambda f: (STYLE_ORDER.index(f) if f in STYLE_ORDER else len(STYLE_ORDER)))
-    return (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None)
+    colour, dash = (ranked[0] if ranked else None), (ranked[1] if len(ranked) > 1 else None)
+    if table is not None and fields:
+        styled = [f for f in (colour, dash) if f is not None]
+        if table.groupby(styled).ngroups < table.groupby(list(fields)).ngroups:
+            return None, None
+    return colour, dash
 
 
 def group_labels(table: pd.DataFrame, fields: Sequence[str]) -> pd.Series:

@@ -51,6 +51,13 @@ def test_config_table_lists_every_field_and_marks_absent_ones() -> None:
     assert varying_fields(table) == ["algo", "lr", "seed", "rollout_dtype", "trainer"]
     # seed tells runs apart, it is no condition: the default grouping leaves it out.
     assert default_group_fields(varying_fields(table)) == ["algo", "lr", "rollout_dtype", "trainer"]
+    # A setting absent from older runs and off wherever present is no condition; lr (0.0002, absent from the TRL
+    # run) and trainer (present in one run only) still group.
+    assert default_group_fields(varying_fields(table), table) == ["algo", "lr", "rollout_dtype", "trainer"]
+    older = config_table({"new": {"algo": "grpo", "score_ratio": 0.0}, "old": {"algo": "grpo"},
+                          "on": {"algo": "gspo", "score_ratio": 0.0}})
+    assert varying_fields(older) == ["algo", "score_ratio"]
+    assert default_group_fields(varying_fields(older), older) == ["algo"]
 
 
 def test_style_fields_prefer_the_objective_and_the_replay_mode() -> None:
@@ -58,6 +65,13 @@ def test_style_fields_prefer_the_objective_and_the_replay_mode() -> None:
     assert style_fields(["kl_coef", "routing_replay"]) == ("routing_replay", "kl_coef")  # then the others, in order
     assert style_fields(["kl_coef"]) == ("kl_coef", None)
     assert style_fields([]) == (None, None)
+    # With the runs: algo and routing_replay tell the 3 groups apart; with a dense control they no longer do
+    # (two groups are both algo=grpo, routing_replay=off), so the lines are coloured by group.
+    runs = pd.DataFrame({"algo": ["grpo", "grpo", "gspo"], "routing_replay": ["off", "old", "off"],
+                         "model": ["moe", "moe", "moe"]})
+    assert style_fields(["algo", "routing_replay"], runs) == ("algo", "routing_replay")
+    runs.loc[3] = ["grpo", "off", "dense"]
+    assert style_fields(["algo", "routing_replay", "model"], runs) == (None, None)
 
 
 def test_field_text_is_stable() -> None:
