@@ -16,7 +16,7 @@ from moestab.routing.adapters import (
     unsupported_for,
 )
 from moestab.routing.errors import NotAnMoEModelError, RouterClassMissingError, UnsupportedRoutingError
-from moestab.routing.verify import verify_router
+from moestab.routing.verify import Probes, verify_router
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -52,14 +52,20 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
     ``AdapterMismatchError`` when a family's adapter does not reproduce its router (``moestab.routing.verify``).
     """
     sites = []
+    # Runs each time a recorder or replay is built, i.e. around every forward of a trainer: the model's classes are
+    # looked up once each (a model has a few dozen modules of a dozen classes), in one pass over its modules.
+    adapters: dict[type[nn.Module], RouterAdapter | None] = {}
     for name, module in model.named_modules():
-        unsupported = unsupported_for(module)
-        if unsupported is not None:
-            raise UnsupportedRoutingError(
-                f"{type(model).__name__} is a {unsupported.family} model, whose routing moestab cannot record and "
-                f"replay exactly: {unsupported.reason} (module {name})"
-            )
-        adapter = adapter_for(module)
+        kind = type(module)
+        if kind not in adapters:
+            unsupported = unsupported_for(module)
+            if unsupported is not None:
+                raise UnsupportedRoutingError(
+                    f"{type(model).__name__} is a {unsupported.family} model, whose routing moestab cannot record and "
+                    f"replay exactly: {unsupported.reason} (module {name})"
+                )
+            adapters[kind] = adapter_for(module)
+        adapter = adapters[kind]
         if adapter is None:
             continue
         match = _LAYER_INDEX.search(name)
@@ -82,6 +88,7 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
     if len(top_ks) != 1:
         raise NotAnMoEModelError(f"routers disagree on top_k ({sorted(top_ks)}); mixed top-k is unsupported")
     if verify:
+        probes = Probes()  # one draw of synthetic tokens for all routers
         for site in sites:
-            verify_router(site.adapter, site.module, site.name)
+            verify_router(site.adapter, site.module, site.name, probes)
     return sorted(sites, key=lambda s: s.layer)

@@ -52,7 +52,9 @@ def read_forward_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ForwardC
 
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:
-        mask = mask[:, -seq:].bool()  # during decoding the mask covers past + current tokens
+        if mask.shape[1] != seq:  # during decoding the mask covers past + current tokens
+            mask = mask[:, -seq:]
+        mask = mask.bool()  # [batch, seq]
     elif mask is not None:
         raise ValueError(
             f"attention_mask of shape {tuple(mask.shape)} is not supported for route tracking; "

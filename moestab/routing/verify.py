@@ -34,26 +34,54 @@ def _hidden_size(router: nn.Module, num_experts: int) -> tuple[int, torch.dtype,
     )
 
 
-def _forward_inputs(adapter: RouterAdapter, router: nn.Module, num_experts: int) -> tuple[torch.Tensor, ...]:
+class Probes:
+    """The synthetic tokens routers are checked on, drawn once per width for all routers of a model.
+
+    Every router gets the same draw (a generator seeded 0: ``randn(PROBE_TOKENS, hidden)``, then ``rand(experts)`` for a
+    bias argument), so ``find_routers`` draws it once and hands each router a copy: drawing 32 x hidden normals
+    with a fresh generator took about a fifth of each router's check.
+    """
+
+    def __init__(self) -> None:
+        self._drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # hidden -> (tokens, generator state after)
+
+    def draw(self, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[PROBE_TOKENS, hidden]`` float32 tokens, and the state of their generator after drawing them."""
+        if hidden not in self._drawn:
+            generator = torch.Generator().manual_seed(0)
+            tokens = torch.randn(PROBE_TOKENS, hidden, generator=generator)  # [N, hidden]
+            self._drawn[hidden] = (tokens, generator.get_state())
+        return self._drawn[hidden]
+
+
+def _forward_inputs(
+    adapter: RouterAdapter, router: nn.Module, num_experts: int, probes: Probes
+) -> tuple[torch.Tensor, ...]:
     hidden, dtype, device = _hidden_size(router, num_experts)
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randn(PROBE_TOKENS, hidden, generator=generator).to(device=device, dtype=dtype)  # [N, hidden]
+    tokens, state = probes.draw(hidden)
+    tokens = tokens.to(device=device, dtype=dtype, copy=True)  # [N, hidden], the router's own copy
     tokens = tokens.view(*[1] * (adapter.router_input_dims - 2), PROBE_TOKENS, hidden)
     # Routers whose MoE block passes in a correction bias take it as a forward argument: give them one, so the
     # adapter's use of it is checked too.
     position = getattr(adapter.selection_scores, "bias", None)
     if not isinstance(position, int):
         return (tokens,)
+    generator = torch.Generator().set_state(state)  # as it stood after drawing the tokens
     bias = torch.rand(num_experts, generator=generator).to(device=device, dtype=torch.float32) * 0.1
     return (tokens, *[None] * (position - 1), bias)
 
 
-def verify_router(adapter: RouterAdapter, router: nn.Module, name: str) -> None:
-    """Raise ``AdapterMismatchError`` unless ``adapter`` reproduces ``router``'s own gates and choice."""
+def verify_router(adapter: RouterAdapter, router: nn.Module, name: str, probes: Probes | None = None) -> None:
+    """Raise ``AdapterMismatchError`` unless ``adapter`` reproduces ``router``'s own gates and choice.
+
+    ``probes``: the synthetic inputs, shared by the routers of one model (default: drawn for this router alone).
+    """
     num_experts, top_k = adapter.num_experts(router), adapter.top_k(router)
-    inputs = _forward_inputs(adapter, router, num_experts)
+    inputs = _forward_inputs(adapter, router, num_experts, probes or Probes())
     modes = [(module, module.training) for module in router.modules()]  # restored one by one afterwards
-    router.eval()  # training-mode jitter / sampling would consume the global RNG
+    training = any(mode for _, mode in modes)
+    if training:
+        router.eval()  # training-mode jitter / sampling would consume the global RNG
     try:
         with torch.no_grad():
             # .forward, not __call__: hooks of an active recorder or replay must not see the probe.
@@ -61,8 +89,9 @@ def verify_router(adapter: RouterAdapter, router: nn.Module, name: str) -> None:
             mine = adapter.gates(router, logits, indices).to(gates.dtype)  # [N, k]
             scores = adapter.selection_scores(router, logits, inputs).float()  # [N, E]
     finally:
-        for module, training in modes:
-            module.training = training
+        if training:  # a router already in eval mode (inference) needs no switching back
+            for module, mode in modes:
+                module.training = mode
     family = f"{adapter.family} router {name} ({type(router).__name__})"
     if logits.shape[-1] != num_experts:
         raise AdapterMismatchError(f"{family} scores {logits.shape[-1]} experts, its adapter expects {num_experts}")
