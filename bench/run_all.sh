@@ -42,4 +42,10 @@ run trl-sort32 $PY bench/bench_trl_callback.py --pairs 8 --threads 1 --task sort
 run trl-routing-share $PY bench/bench_trl_callback.py --pairs 10 --threads 1 --routing-share
 run fine-grained $PY scripts/fine_grained_bench.py --warm-start --steps 10 --prompts 32 --threads 1 --seeds 0 1 2 \
   --models embedded:fine embedded embedded:dense
+# What a budget below 1 buys (the default measures everything), and the issue's own setting (16 prompts) at budget 1
+run train-budget025 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 \
+  --measure-fraction 0.25
+run train-16prompts-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --measure-fraction 1
+run trl-budget025 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction 0.25
+run analysis-sizes $PY bench/bench_analysis.py --sizes
 echo "logs in $OUT"
