@@ -332,7 +332,8 @@ def _counterfactual_logp(
     """
     if not s.routing_share:
         return None
-    logp = torch.full(batch.response_mask.shape, float("nan"), device=batch.response_mask.device)  # [b, T]
+    logp = torch.full(batch.response_mask.shape, float("nan"), device=batch.response_mask.device,
+                      dtype=next(model.parameters()).dtype)  # [b, T]
     if not len(rows):
         return logp
     on_cuda = next(model.parameters()).device.type == "cuda"
@@ -416,7 +417,7 @@ def _updates(
             clipped[rows] = parts.clipped
             routes[rows] = fwd.routes.indices
         if len(rows) and other_logp is not None:
-            counterfactual[rows] = other_logp
+            counterfactual[rows] = other_logp.to(counterfactual.dtype)  # a NaN stand-in row is float32
             clipped_counterfactual[rows] = other_clipped
     return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics, loss_inputs, aux_losses,
                     counterfactual, clipped_counterfactual)
