@@ -149,18 +149,17 @@ def measured_forward(
     else:
         part = None
 
-    def spread(values: torch.Tensor | None, fill: float, shape: tuple[int, ...]) -> torch.Tensor | None:
-        if values is None and part is not None:
-            return None
-        out = torch.full((batch.batch_size, *shape), fill, dtype=torch.float32 if values is None else values.dtype,
-                         device=batch.input_ids.device)
+    def spread(values: torch.Tensor | None) -> torch.Tensor:  # [m, T] of the sample -> [B, T], NaN elsewhere
+        out = torch.full(batch.response_mask.shape, float("nan"), device=batch.input_ids.device,
+                         dtype=torch.float32 if values is None else values.dtype)
         if values is not None:
             out[rows.to(out.device)] = values
         return out
 
-    T = batch.response_mask.shape[1]
-    logp = spread(None if part is None else part.logp, float("nan"), (T,))  # [B, T]
-    entropy = spread(None if part is None else part.entropy, float("nan"), (T,)) if kwargs.get("entropy") else None
+    logp = spread(None if part is None else part.logp)  # [B, T]
+    entropy = None
+    if kwargs.get("entropy"):
+        entropy = spread(None if part is None else part.entropy)  # [B, T]
     routes = None
     if record:
         like = batch.routes  # [B, L, layers, k]: every trainer forward routes the same layers
