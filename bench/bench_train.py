@@ -45,7 +45,9 @@ Measured, all on CPU float32 with the same saved weights (the embedded tiny Qwen
    cProfile of one more step.
 
 Every ratio is median(contender) / median(baseline) over the rounds; single timings are never
-reported. Each is given for wall time and for process CPU time (``time.process_time``): on a shared
+reported. With ``--measure-every N`` (N > 1) a train row's sample is a block of N consecutive timed steps (one of
+them measured), so its ratio is that of the run's average cost per step; ``--rounds`` must be a multiple of N.
+Each is given for wall time and for process CPU time (``time.process_time``): on a shared
 machine other jobs inflate wall time but hardly this process's CPU time, so when the two ratios
 disagree trust the CPU one (with ``--threads 1`` every op runs on the calling thread, so CPU time
 is the work done). The p25-p75 of the per-round ratios (contender and baseline timed back to back
@@ -139,6 +141,14 @@ class Samples:
     def add(self, start: tuple[float, float], end: tuple[float, float]) -> None:
         self.wall.append(end[0] - start[0])
         self.cpu.append(end[1] - start[1])
+
+    def periods(self, every: int) -> Samples:
+        """Sums over consecutive blocks of ``every`` repetitions (an incomplete last block dropped): with a budget
+        measuring every ``every``-th step, each block of timed steps 2.., ``every`` long, holds one measured step, so
+        a block's time is what ``every`` steps cost on average over a run."""
+        blocks = len(self.wall) // every
+        return Samples([sum(self.wall[i * every:(i + 1) * every]) for i in range(blocks)],
+                       [sum(self.cpu[i * every:(i + 1) * every]) for i in range(blocks)])
 
 
 # ---- moestab -------------------------------------------------------------------------------
@@ -555,6 +565,8 @@ def main() -> None:
         args.rounds, args.micro_rounds = 3, 5
     if args.prompts * args.group % args.minibatches:
         parser.error("prompts * group must be divisible by minibatches (TRL's per-device batch size)")
+    if args.rounds % args.measure_every:
+        parser.error("rounds must be a multiple of --measure-every (each block of measure-every steps is one sample)")
     if args.group < 2 or min(args.threads, args.rounds, args.micro_rounds, args.prompts, args.minibatches) < 1:
         parser.error("group must be >= 2 and threads, rounds, micro-rounds, prompts, minibatches >= 1")
 
@@ -588,6 +600,9 @@ def main() -> None:
 
     off = train.moestab["off"]
     mb_rows = setup.batch // setup.minibatches
+    every = setup.budget.every
+    unit = "one rollout cycle" if every == 1 else f"{every} rollout cycles, one of them measured,"
+    step_times = {name: runner.samples.periods(every) for name, runner in train.moestab.items()}
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
           f"{platform.machine()}, {threads_seen} torch thread(s); task {task.spec}; embedded policy "
           f"(qwen3_moe 4L, 8E, top-2, h128); rollout {setup.prompts} prompts x {setup.group} = {setup.batch} seqs, "
@@ -608,12 +623,13 @@ def main() -> None:
           "| per-round wall ratio p25-p75 |")
     print("|---|---|---|---|---|---|")
     rows = [
-        ("moestab `run_step` (grpo, replay off) vs TRL `GRPOTrainer`, one rollout cycle "
-         f"({setup.batch} seqs + {setup.minibatches} updates)", off.samples, train.trl_cycles),
-        ("`run_step` replay `old` (R2) vs `off`", train.moestab["old"].samples, off.samples),
-        ("`run_step` replay `rollout` (R3) vs `off`", train.moestab["rollout"].samples, off.samples),
-        ("`run_step` replay `rollout-gates` (TRR) vs `off`", train.moestab["rollout-gates"].samples, off.samples),
-        ("`run_step` replay `off` with `routing_share` vs without", train.moestab[SHARE].samples, off.samples),
+        (f"moestab `run_step` (grpo, replay off) vs TRL `GRPOTrainer`, {unit} "
+         f"({setup.batch} seqs + {setup.minibatches} updates each)", step_times["off"],
+         train.trl_cycles.periods(every)),
+        ("`run_step` replay `old` (R2) vs `off`", step_times["old"], step_times["off"]),
+        ("`run_step` replay `rollout` (R3) vs `off`", step_times["rollout"], step_times["off"]),
+        ("`run_step` replay `rollout-gates` (TRR) vs `off`", step_times["rollout-gates"], step_times["off"]),
+        ("`run_step` replay `off` with `routing_share` vs without", step_times[SHARE], step_times["off"]),
         (f"`policy_forward` no grad, `record=True` vs `False` ({mb_rows} seqs)", micro["fwd_rec"], micro["fwd_plain"]),
         (f"`policy_forward` + backward, `record=True` vs `False` ({mb_rows} seqs)",
          micro["fwdbwd_rec"], micro["fwdbwd_plain"]),
@@ -627,10 +643,12 @@ def main() -> None:
     for label, contender, baseline in rows:
         print(ratio_row(label, contender, baseline))
 
-    print("\nWhere the time goes (wall medians over the timed rounds, ms):\n")
+    per = "" if every == 1 else f", per step: the median over blocks of {every} steps of their mean"
+    print(f"\nWhere the time goes (wall medians over the timed rounds{per}, ms):\n")
     print("| moestab step (replay off) | ms | TRL cycle | ms |")
     print("|---|---|---|---|")
-    phases = {name: med([p[name] for p in off.phases]) for name in off.phases[0]}
+    phases = {name: med([statistics.mean(p[name] for p in off.phases[i * every:(i + 1) * every])
+                         for i in range(len(off.phases) // every)]) for name in off.phases[0]}
     trl_phases = {
         "first global step: generate + rewards + pi_old + 1 update": med(train.trl_generation_steps),
         f"each of the other {setup.minibatches - 1} global steps (1 update)": med(train.trl_update_steps),

@@ -12,6 +12,7 @@ OUT=${1:-runs/benchmarks-$(date -u +%Y-%m-%d)}
 mkdir -p "$OUT"
 PY=.venv/bin/python
 DEFAULT_FRACTION=$($PY -c "from moestab.train import TrainConfig; print(TrainConfig().measure_fraction)")
+DEFAULT_EVERY=$($PY -c "from moestab.train import TrainConfig; print(TrainConfig().measure_every)")
 
 run() {  # run NAME COMMAND...: the command's output in OUT/NAME.log, with the load before and after
   local name=$1; shift
@@ -28,24 +29,28 @@ run routing-2threads $PY bench/bench_routing.py --rounds 15 --threads 2
 run routing-trainer $PY bench/bench_routing.py --rounds 100 --threads 1 --skip-large
 run analysis $PY bench/bench_analysis.py
 run diagnostics $PY bench/bench_diagnostics.py --rounds 3
-run train-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 --measure-fraction 1
-run train-default $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 \
-  --measure-fraction "$DEFAULT_FRACTION"
-run train-sort32 $PY bench/bench_train.py --threads 2 --rounds 5 --micro-rounds 5 --task sort:length=32 \
-  --measure-fraction "$DEFAULT_FRACTION"
+run train-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 --measure-fraction 1 \
+  --measure-every 1
+# The default budget measures one step in DEFAULT_EVERY: each sample is a block of that many steps (10 blocks)
+run train-default $PY bench/bench_train.py --threads 1 --rounds $((10 * DEFAULT_EVERY)) --micro-rounds 30 --prompts 32 \
+  --measure-fraction "$DEFAULT_FRACTION" --measure-every "$DEFAULT_EVERY"
+run train-every4 $PY bench/bench_train.py --threads 1 --rounds 40 --micro-rounds 5 --prompts 32 --measure-every 4
+run train-sort32 $PY bench/bench_train.py --threads 2 --rounds $((2 * DEFAULT_EVERY)) --micro-rounds 5 \
+  --task sort:length=32 --measure-fraction "$DEFAULT_FRACTION" --measure-every "$DEFAULT_EVERY"
 run routing-share $PY bench/bench_train.py --routing-share-only --threads 1 --rounds 10
 run probe $PY bench/bench_probe.py --threads 2 --rounds 7
 run trl-budget1 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction 1.0
-run trl-default $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction "$DEFAULT_FRACTION"
-run trl-sort32 $PY bench/bench_trl_callback.py --pairs 8 --threads 1 --task sort:length=32 \
-  --measure-fraction "$DEFAULT_FRACTION"
+run trl-sort32 $PY bench/bench_trl_callback.py --pairs 8 --threads 1 --task sort:length=32
 run trl-routing-share $PY bench/bench_trl_callback.py --pairs 10 --threads 1 --routing-share
 run fine-grained $PY scripts/fine_grained_bench.py --warm-start --steps 10 --prompts 32 --threads 1 --seeds 0 1 2 \
   --models embedded:fine embedded embedded:dense
-# What a budget below 1 buys (the default measures everything), and the issue's own setting (16 prompts) at budget 1
+# What a fraction below 1 buys (the default measures whole steps), and the issue's own setting (16 prompts) at budget 1
+# and at the default budget
 run train-budget025 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 \
   --measure-fraction 0.25
 run train-16prompts-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --measure-fraction 1
+run train-16prompts-default $PY bench/bench_train.py --threads 1 --rounds $((10 * DEFAULT_EVERY)) --micro-rounds 5 \
+  --measure-every "$DEFAULT_EVERY"
 run trl-budget025 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction 0.25
 run analysis-sizes $PY bench/bench_analysis.py --sizes
 echo "logs in $OUT"

@@ -59,7 +59,7 @@ rows = []
 for length in P["lengths"]:
     task = f"sort:length={length}{P['reward']}"
     for seed in P["seeds"]:
-        config = TrainConfig(task=task, seed=seed, max_zero_advantage_steps=0, **P["base"])
+        config = TrainConfig(task=task, seed=seed, max_zero_advantage_steps=0, measure_every=1, **P["base"])
         path, _ = base_policy_path(config, task_from_spec(task), log=lambda s: None)
         model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
         for algo in P["algos"]:

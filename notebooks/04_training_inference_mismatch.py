@@ -58,7 +58,7 @@ P
 rows, margins = [], []
 for name, model in MODELS.items():
     for seed in P["seeds"]:
-        config = TrainConfig(model=model, seed=seed, **P["base"])
+        config = TrainConfig(model=model, seed=seed, measure_every=1, **P["base"])
         path, _ = base_policy_path(config, task_from_spec(config.task), log=lambda s: None)
         checkpoint = Checkpoint(f"{name} seed {seed}", path)
         recs = {}

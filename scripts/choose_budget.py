@@ -8,7 +8,10 @@ seed reserved for this choice (900: the seeds results are reported on are never 
 in full (budget 1, every sequence in the tables), unless ``--run`` names such a run already. Then, per step, the
 expected sampling error of ``routing/old_new/router_flip`` at each fraction (:mod:`moestab.analysis.budget`) and the
 spread of the full rate over steps; a fraction passes when its largest error over the steps is below a tenth of
-the spread. The default is the smallest passing fraction. docs/benchmarks.md records the output.
+the spread. No fraction below 1 passes, so the default measures whole steps: every N-th one, in full (sampling
+error 0). The last table shows what that costs the run mean (:func:`moestab.analysis.budget.every_errors`); N itself
+is the smallest power of two meeting the speed targets of ``bench/bench_train.py --measure-every N``
+(``moestab.recording.budget.DEFAULT_EVERY``). docs/benchmarks.md records the output.
 
 Why the last column: when the spread of the rate from step to step comes mostly from which prompts the step drew (a
 between-group spread ``S / sqrt(M)``), the error of measuring ``m = f M`` of the ``M`` groups is about
@@ -21,11 +24,12 @@ import argparse
 import math
 from pathlib import Path
 
-from moestab.analysis.budget import budget_choice, budget_errors, group_counts
+from moestab.analysis.budget import budget_choice, budget_errors, every_errors, group_counts
 from moestab.recording.budget import MeasureBudget
 from moestab.train import TrainConfig, train
 
 FRACTIONS = (0.0625, 0.125, 0.25, 0.5, 1.0)
+EVERIES = (1, 2, 4, 8, 16)
 
 
 def main() -> None:
@@ -39,7 +43,7 @@ def main() -> None:
     run = Path(args.run) if args.run else None
     if run is None:
         config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads, out=args.out, progress=False,
-                             overwrite=True, eval_every=10**6)
+                             overwrite=True, eval_every=10**6, measure_every=1)
         run = train(config, log=lambda s: None).run_dir
     for stat in ("router_flip", "changed"):
         errors = budget_errors(group_counts(run, "old_new", stat), FRACTIONS, seed=args.seed)
@@ -59,6 +63,14 @@ def main() -> None:
         print("mean over steps of the error estimated from the budget's own sample (ratio_se): "
               + ", ".join(f"{c.removeprefix('drawn_se_')}: {v:.5f}" for c, v in drawn.items()))
         print(f"smallest passing fraction: {passing.fraction.min() if len(passing) else 'none'}")
+        steps = errors.set_index("step")["value"]
+        print(f"\nEvery N-th step in full (fraction 1: a measured step has sampling error 0, below spread / 10 = "
+              f"{choice.spread.iloc[0] / 10:.5f}); what it costs the run mean {steps.mean():.5f} of {len(steps)} "
+              "steps:\n| every | steps measured | error of the run mean (steps 1, 1 + N, ...) "
+              "| rms error over the N phases | rms error / spread |\n|---:|---:|---:|---:|---:|")
+        for row in every_errors(steps, EVERIES).itertuples():
+            print(f"| {row.every} | {row.measured_steps} | {row.error:+.5f} | {row.rms_error:.5f} | "
+                  f"{row.rms_error / row.spread:.3f} |")
 
 
 if __name__ == "__main__":

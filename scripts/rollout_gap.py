@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (out / "run.json").is_file():
                 train(TrainConfig(routing_replay=replay, seed=seed, steps=args.steps, out=str(out),
                                   rollout_dtype=args.rollout_dtype, threads=args.threads, progress=False,
+                                  measure_every=1,
                                   cache_dir=args.cache_dir), log=lambda s: None)
             metrics, info = load_metrics(out), read_run_info(out)
             for label, key, scale, _ in KEYS:

@@ -90,3 +90,22 @@ def budget_choice(errors: pd.DataFrame, fractions: Sequence[float], ratio: float
         out.append({"fraction": f, "max_se": worst, "mean_se": float(errors[f"se_{f:g}"].mean()),
                     "spread": spread, "se_over_spread": worst / spread, "ok": worst < ratio * spread})
     return pd.DataFrame(out)
+
+
+def every_errors(values: pd.Series, everies: Sequence[int]) -> pd.DataFrame:
+    """What measuring one step in ``N`` costs a run's mean, from a run measured on every step: ``values`` is a
+    metric per step (index: step 1..T). Per ``N``: the steps a budget of ``every N`` measures (1, 1 + N, ...), the
+    error of their mean against the all-step mean (``error``), and over the ``N`` possible first steps the root mean
+    square of that error (``rms_error``: what the choice of phase could have given). A measured step itself has no
+    sampling error (every sequence of it is scored)."""
+    values = values.sort_index().astype(np.float64)
+    full = float(values.mean())
+    steps = values.index.to_numpy()
+    out = []
+    for n in everies:
+        phases = [values[(steps - 1) % n == phase] for phase in range(n)]
+        errors = np.array([float(p.mean()) - full for p in phases if len(p)])  # [phases]
+        out.append({"every": n, "measured_steps": len(phases[0]), "run_mean": full,
+                    "error": float(phases[0].mean()) - full, "rms_error": float(np.sqrt((errors**2).mean())),
+                    "spread": float(values.std(ddof=1))})
+    return pd.DataFrame(out)

@@ -55,7 +55,7 @@ SAMPLING_ERRORS: dict[str, str] = {
 sampling error of the step mean of the column without ``_se`` (runs under a measurement budget)."""
 
 SUMMARY_COLUMNS = (
-    "run", "algo", "replay", "model", "status", "steps", "final_accuracy", "warm_start_accuracy",
+    "run", "algo", "replay", "model", "status", "steps", "measured_steps", "final_accuracy", "warm_start_accuracy",
     *(c for column in SUMMARY_KEYS for c in (column, f"{column}_se") if c in SUMMARY_KEYS or c in SAMPLING_ERRORS),
     "damage", "path",
 )
@@ -64,7 +64,9 @@ SUMMARY_COLUMNS = (
 - ``run`` folder name; ``algo``, ``replay`` (off / R2 / R3 / TRR), ``model``, ``status`` from run.json (a
   ``running`` run whose writer is gone reads ``stopped``, see ``RunInfo.live_status``; a run whose metrics.jsonl
   steps repeat or go back reads ``damaged``, whatever run.json says);
-- ``steps``: ``last_step``; ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
+- ``steps``: ``last_step``; ``measured_steps``: the steps whose old->new volatility was measured (all of them unless
+  the measurement budget skips steps, ``measure_every``): the volatility columns are means over these;
+  ``final_accuracy``: ``final.accuracy``, else the last ``eval/accuracy``;
   ``warm_start_accuracy``;
 - the keys of :data:`SUMMARY_KEYS`: step means of metrics.jsonl keys;
 - the keys of :data:`SAMPLING_ERRORS`, each beside its step mean: the sampling error of that mean under a
@@ -75,7 +77,9 @@ SUMMARY_COLUMNS = (
 
 
 def _step_means(metrics: pd.DataFrame) -> dict[str, float]:
-    out = {}
+    measured = keys.ROUTING_CHANGED.format(pair="old_new")
+    out = {"measured_steps": int(pd.to_numeric(metrics[measured], errors="coerce").notna().sum())
+           if measured in metrics else 0}
     for column, key in SUMMARY_KEYS.items():
         values = pd.to_numeric(metrics[key], errors="coerce") if key in metrics else pd.Series(dtype=float)
         out[column] = float(values.mean()) if values.notna().any() else np.nan

@@ -38,7 +38,10 @@ def grid_runs(
     base: Mapping[str, Any], axes: Mapping[str, Sequence[Any]], seeds: Sequence[int], out: str | Path
 ) -> list[GridRun]:
     """Every combination of ``axes`` (TrainConfig fields) and ``seeds`` over ``base`` fields, each in
-    ``out/<field>-<value>_..._seed-<seed>``. Configs are validated here, before anything runs."""
+    ``out/<field>-<value>_..._seed-<seed>``. Configs are validated here, before anything runs.
+
+    Every step is measured (``measure_every`` 1) unless ``base`` or ``axes`` say otherwise: experiments compare runs
+    step by step, and ``moestab train``'s default budget measures one step in 8."""
     if not seeds:
         raise ValueError("seeds is empty; give at least one seed")
     runs = []
@@ -46,7 +49,7 @@ def grid_runs(
     for combo in itertools.product(*(axes[n] for n in names), seeds):
         values = {**dict(zip(names, combo[:-1], strict=True)), "seed": combo[-1]}
         folder = "_".join(f"{k}-{_slug(v)}" for k, v in values.items())
-        fields = {**base, **values, "out": str(Path(out) / folder), "progress": False}
+        fields = {"measure_every": 1, **base, **values, "out": str(Path(out) / folder), "progress": False}
         runs.append(GridRun(values, build_config(TrainConfig, fields)))
     return runs
 

@@ -300,9 +300,9 @@ class _Steps:
         torch.manual_seed(rank_seed(seed, world.rank))
         examples, skipped = self._examples(step, seed)
         draw_more = extra_examples(self.task, config.prompts_per_step, config.seed, step)
-        budget = config.budget
-        measured = None if budget.full else budget.rows(step, config.prompts_per_step * config.group_size,
-                                                        config.group_size, seed + 2)  # [B]
+        budget, G = config.budget, config.group_size
+        measured = budget.rows(step, config.prompts_per_step * G, G, seed + 2)  # [B] the whole step's rows
+        measured = None if measured.all() else measured[share.start * G : share.stop * G]  # [B / nproc] this rank's
         metrics, tensors = run_step(
             model=p.model, optimizer=p.optimizer, engine=engine, task=self.task, settings=self.settings,
             examples=examples[share],
@@ -364,8 +364,10 @@ class _Progress:
     def update(self, metrics: dict) -> None:
         if self.bar is None:
             return
-        postfix = {"reward": f"{metrics[keys.REWARD_MEAN]:.2f}",
-                   "vol": f"{metrics[keys.ROUTING_CHANGED.format(pair='old_new')]:.3f}"}
+        postfix = {"reward": f"{metrics[keys.REWARD_MEAN]:.2f}"}
+        volatility = metrics.get(keys.ROUTING_CHANGED.format(pair="old_new"))
+        if volatility is not None:  # absent on a step the measurement budget skips
+            postfix["vol"] = f"{volatility:.3f}"
         if keys.EVAL_ACCURACY in metrics:
             postfix["eval"] = f"{metrics[keys.EVAL_ACCURACY]:.2f}"
         self.bar.set_postfix(postfix)

@@ -460,10 +460,15 @@ def run_step(
     batch, examples, rewards, correct = sampled.batch, sampled.examples, sampled.rewards, sampled.correct
     advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
     t_rollout = time.perf_counter() - t0
-    if measured is not None and world.distributed:
-        raise ValueError("a measurement budget below every sequence runs in one process only (nproc 1)")
     if measured is not None and measured.shape != (batch.batch_size,):
         raise ValueError(f"measured must be [{batch.batch_size}] bool, got {tuple(measured.shape)}")
+    if measured is not None and bool(measured.all()):
+        measured = None  # every row: the plain forwards, exactly as without a budget
+    if measured is not None and world.distributed and bool(measured.any()):
+        # A sharded forward is a collective: every process must run the same forwards. An unmeasured step (no row
+        # on any process) skips them everywhere; a sample of groups would not.
+        raise ValueError("a measurement budget sampling groups (measure_fraction < 1) runs in one process only "
+                         "(nproc 1); measure_every works with any nproc")
     old = _old_policy(model, batch, chunks, s, ref_model, measured)
     t1 = time.perf_counter()
     up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moestab.analysis.budget import budget_choice, budget_errors, expected_se
+from moestab.analysis.budget import budget_choice, budget_errors, every_errors, expected_se
 from moestab.metrics.sampling import sample_groups
 
 
@@ -40,3 +40,17 @@ def test_budget_choice_passes_only_errors_below_a_tenth_of_the_spread():
     assert choice.loc[0.5, "spread"] == pytest.approx(0.1)  # sd of 0.2, 0.1, 0.3
     assert choice.loc[0.5, "max_se"] == pytest.approx(math.sqrt(1 / 150))  # step 1's; steps 2-3 have no spread
     assert not choice.loc[0.5, "ok"] and choice.loc[1.0, "ok"]
+
+
+def test_every_errors_is_the_error_of_the_run_mean_from_every_nth_step():
+    values = pd.Series([1.0, 2.0, 3.0, 4.0, 10.0], index=[1, 2, 3, 4, 5])  # mean 4
+    table = every_errors(values, [1, 2, 3]).set_index("every")
+    assert table.loc[1, "measured_steps"] == 5 and table.loc[1, "error"] == 0 and table.loc[1, "rms_error"] == 0
+    # every 2: steps 1, 3, 5 (mean 14 / 3) -> +2/3; the other phase, steps 2, 4 (mean 3) -> -1
+    assert table.loc[2, "measured_steps"] == 3
+    assert table.loc[2, "error"] == pytest.approx(2 / 3)
+    assert table.loc[2, "rms_error"] == pytest.approx(((4 / 9 + 1) / 2) ** 0.5)
+    # every 3: steps 1, 4 (mean 2.5) -> -1.5; phases 2, 5 (6) -> +2 and 3 (3) -> -1
+    assert table.loc[3, "error"] == pytest.approx(-1.5)
+    assert table.loc[3, "rms_error"] == pytest.approx(((2.25 + 4 + 1) / 3) ** 0.5)
+    assert table.loc[3, "spread"] == pytest.approx(values.std(ddof=1))

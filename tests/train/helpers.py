@@ -35,6 +35,9 @@ def tiny_config(out: Path, cache: Path, **overrides) -> TrainConfig:
         "out": str(out),
         "progress": False,
         "threads": 1,
+        # Every step measured: the tests read each step's volatility and tables (the default budget measures every
+        # 8th step: tests/train/test_measure_budget.py covers it).
+        "measure_every": 1,
         **overrides,
     }
     return build_config(TrainConfig, values)

@@ -81,6 +81,8 @@ CASES = {
     "dr-grpo": ("dr-grpo", "off", 4, {}),  # Dr. GRPO's constant over the global minibatch
     # every minibatch lies on one rank: the other runs a stand-in (for routing's share's replayed forward too)
     "one-row-minibatches": ("gspo", "off", 16, {"routing_share": True}),
+    # the measurement budget's steps: step 2 runs no measure-only forward (free pi_old under R3, pi_new) on any rank
+    "measure-every-2": ("gspo", "rollout", 4, {"measure_every": 2}),
 }
 
 
@@ -125,7 +127,9 @@ def test_two_processes_match_one_on_the_same_data(case, tmp_path, cache_dir):
         np.testing.assert_allclose(t2[column].to_numpy(float), t1[column].to_numpy(float), rtol=tol["rel"],
                                    atol=TABLE_ATOL, err_msg=column)
     top_k = info.model.top_k
-    for step in (1, 2):
+    measured_steps = [1, 2] if one.measure_every == 1 else [1]
+    assert sorted(t1[schema.COL_STEP].unique()) == measured_steps  # an unmeasured step writes no table
+    for step in measured_steps:
         for column in (schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_NEW):
             r1 = np.sort(read_routes(Path(one.out) / schema.tokens_file(step), column, top_k), -1)
             r2 = np.sort(read_routes(Path(two.out) / schema.tokens_file(step), column, top_k), -1)
