@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
@@ -90,6 +91,34 @@ def response_routes(routes: Routes, batch: RolloutBatch) -> torch.Tensor:
     return routes.indices[:, batch.prompt_len - 1 :]
 
 
+def _chunk_forwards(
+    model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], *, replay: Routes | None, **kwargs,
+) -> Iterator[tuple[torch.Tensor, PolicyForward]]:
+    """``(rows, policy_forward of them)`` per non-empty chunk of ``chunks`` (``kwargs``: its options)."""
+    for rows in chunks:
+        # A process holding none of a minibatch still runs its forward, on a stand-in row whose output is dropped:
+        # a sharded policy's forward is a collective (moestab.train.distributed).
+        held = rows if len(rows) else rows.new_zeros(1)
+        fwd = policy_forward(model, batch.select(held), replay=None if replay is None else replay.select(held),
+                             **kwargs)
+        if len(rows):
+            yield rows, fwd
+
+
+def chunk_logprobs(
+    model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], *, temperature: float,
+    replay: Routes | None = None, force_gates: bool = False,
+) -> torch.Tensor:
+    """``[B, T]`` log-probs of the rows of ``chunks``, some of the minibatches, each forwarded as in
+    :func:`chunked_policy_forward` (no recording); NaN on the rows of the other minibatches."""
+    logp = torch.full(batch.response_mask.shape, float("nan"), device=batch.response_mask.device,
+                      dtype=next(model.parameters()).dtype)  # [B, T]
+    for rows, fwd in _chunk_forwards(model, batch, chunks, temperature=temperature, replay=replay,
+                                     force_gates=force_gates, record=False):
+        logp[rows] = fwd.logp.to(logp.dtype)
+    return logp
+
+
 def chunked_policy_forward(
     model: PreTrainedModel,
     batch: RolloutBatch,
@@ -108,16 +137,9 @@ def chunked_policy_forward(
     Running pi_old in the same chunks as the updates gives the first update bit-identical inputs,
     so its ratios are exactly 1 rather than 1 up to batch-shape-dependent rounding.
     """
-    parts = []
-    for rows in chunks:
-        # A process holding none of a minibatch still runs its forward, on a stand-in row whose output is dropped:
-        # a sharded policy's forward is a collective (moestab.train.distributed).
-        held = rows if len(rows) else rows.new_zeros(1)
-        fwd = policy_forward(model, batch.select(held), temperature=temperature,
-                             replay=None if replay is None else replay.select(held), force_gates=force_gates,
-                             record=record, router_logprobs=router_logprobs, entropy=entropy, router_stats=router_stats)
-        if len(rows):
-            parts.append((rows, fwd))
+    parts = list(_chunk_forwards(model, batch, chunks, temperature=temperature, replay=replay,
+                                 force_gates=force_gates, record=record, router_logprobs=router_logprobs,
+                                 entropy=entropy, router_stats=router_stats))
     order = torch.cat([rows for rows, _ in parts])
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(order))

@@ -60,6 +60,7 @@ from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
 from moestab.train.forward import (
     PolicyForward,
+    chunk_logprobs,
     chunked_policy_forward,
     measured_forward,
     policy_forward,
@@ -120,9 +121,10 @@ def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator
 @dataclass(frozen=True)
 class _OldPolicy:
     free: PolicyForward  # free routing, routes recorded with router stats
-    logp: torch.Tensor  # [B, T] as used in the ratio
+    logp: torch.Tensor  # [B, T] as used in the ratio (NaN on ``from_first_update`` rows until the first update)
     routes: torch.Tensor  # [B, L, layers, k] routes that produced ``logp``
     ref_logp: torch.Tensor | None  # [B, T] reference policy, for the KL penalty
+    from_first_update: bool = False  # the first minibatch's ``logp`` is the first update forward's (see _old_policy)
 
 
 @dataclass(frozen=True)
@@ -262,16 +264,22 @@ def _old_policy(
     else:
         free = chunked_policy_forward(model, batch, chunks, **kwargs)
     logp, routes = free.logp, free.routes.indices
+    from_first_update = False
     if schema.REPLAY_ROUTES[s.replay] == "rollout":
-        logp = chunked_policy_forward(model, batch, chunks, temperature=s.temperature, replay=batch.routes,
-                                      force_gates=s.replay in schema.GATE_REPLAY_MODES, record=False).logp
+        # The first update forward replays the same routes (and gates) on the same weights and rows: its log-probs
+        # are the replayed pi_old's, bit for bit on a deterministic model, so that minibatch's no-grad forward is
+        # skipped and _updates fills its rows from it (the ratio is then exactly 1 there by construction). Not with
+        # score-threshold replay, whose updates refill slots pi_old's plain replay keeps.
+        from_first_update = s.replay_score_ratio == 0
+        logp = chunk_logprobs(model, batch, chunks[1:] if from_first_update else chunks, temperature=s.temperature,
+                              replay=batch.routes, force_gates=s.replay in schema.GATE_REPLAY_MODES)  # [B, T]
         routes = batch.routes.indices
     ref_logp = None
     if "ref_logp" in s.preset.runtime_inputs:
         if ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         ref_logp = chunked_policy_forward(ref_model, batch, chunks, temperature=s.temperature, record=False).logp
-    return _OldPolicy(free=free, logp=logp, routes=routes, ref_logp=ref_logp)
+    return _OldPolicy(free=free, logp=logp, routes=routes, ref_logp=ref_logp, from_first_update=from_first_update)
 
 
 @dataclass(frozen=True)
@@ -385,6 +393,8 @@ def _updates(
             score_ratio=s.replay_score_ratio,
             router_logprobs=_needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
         )
+        if m == 0 and old.from_first_update and len(rows):
+            old.logp[rows] = fwd.logp.detach().to(old.logp.dtype)  # pi_old's replayed log-probs: see _old_policy
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
         parts = rl.compute_loss_parts(s.preset.loss, **inputs)
         other_clipped = _counterfactual_clipped(s, inputs, other_logp)

@@ -153,3 +153,33 @@ def test_gamma_min_has_one_default_and_one_valid_range(tmp_path, overrides, mess
     config = tiny_config(tmp_path / "run", tmp_path / "cache", algo="rspo", gamma_min=0.0)  # the loss's own range
     assert config.resolved_preset().gamma_min == 0.0
     assert tiny_config(tmp_path / "r", tmp_path / "c", algo="rspo").resolved_preset().gamma_min == 0.1  # preset's
+
+
+@pytest.mark.parametrize("replay", ["rollout", "rollout-gates"])
+def test_r3_old_logprobs_equal_a_replayed_forward_and_the_first_minibatchs_come_from_its_update(replay):
+    gates = replay in GATE_REPLAY_MODES
+    before, _, _, t = one_grpo_step(replay, lambda model, tok: HFRolloutEngine(model, tok, gates=gates))
+    batch = t.batch
+    for m in range(2):  # each minibatch bit for bit as a no-grad forward of the starting weights on its rows
+        rows = torch.nonzero(t.minibatch == m).flatten()
+        with torch.no_grad():
+            expected = policy_forward(before, batch.select(rows), temperature=1.0, replay=batch.routes.select(rows),
+                                      force_gates=gates, record=False).logp
+        assert torch.equal(t.logp_old[rows], expected), m
+    # The first minibatch's no-grad forward is skipped: its update forward (same weights, rows and routes) supplies
+    # pi_old's log-probs, so its ratio is exactly 1.
+    first = t.minibatch == 0
+    assert torch.equal(t.logp_update[first], t.logp_old[first])
+    assert not torch.equal(t.logp_update[~first], t.logp_old[~first])  # the second update ran on new weights
+
+
+def test_score_threshold_replay_runs_pi_olds_replayed_forward_on_every_minibatch():
+    # Shifted rollout routes: the router's own scores refill many replayed slots, already in the first update.
+    before, _, _, t = one_grpo_step("rollout", ShiftedRoutesEngine, replay_score_ratio=0.9)
+    batch = t.batch
+    rows = torch.nonzero(t.minibatch == 0).flatten()
+    with torch.no_grad():
+        expected = policy_forward(before, batch.select(rows), temperature=1.0, replay=batch.routes.select(rows),
+                                  record=False).logp
+    assert torch.equal(t.logp_old[rows], expected)  # plain replay ...
+    assert not torch.equal(t.logp_update[rows], expected)  # ... not the first update's score-filtered one
