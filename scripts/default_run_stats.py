@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out / f"{name}-seed{seed}"
         if not (out / "run.json").is_file():
             start = time.perf_counter()
-            # Every step measured (the default budget measures one step in 8; the training is the same bit for bit):
+            # Every step measured (the default budget measures one step in 4; the training is the same bit for bit):
             # the routing rows average every step, and the wall time includes pi_new on every step.
             config = build_config(TrainConfig, {"measure_every": 1, **fields},
                                   {"seed": seed, "out": str(out), "threads": args.threads, "progress": False,

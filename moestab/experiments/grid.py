@@ -41,7 +41,7 @@ def grid_runs(
     ``out/<field>-<value>_..._seed-<seed>``. Configs are validated here, before anything runs.
 
     Every step is measured (``measure_every`` 1) unless ``base`` or ``axes`` say otherwise: experiments compare runs
-    step by step, and ``moestab train``'s default budget measures one step in 8."""
+    step by step, and ``moestab train``'s default budget measures one step in 4."""
     if not seeds:
         raise ValueError("seeds is empty; give at least one seed")
     runs = []

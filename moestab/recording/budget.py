@@ -23,15 +23,15 @@ RULE = ("groups = sorted(torch.randperm(n_groups, generator=torch.Generator().ma
 """The sampling rule, as recorded in run.json (``measure_rule``)."""
 
 
-DEFAULT_EVERY = 8
-"""``moestab train``'s default ``measure_every`` (with ``measure_fraction`` 1): every sequence of steps 1, 9, 17, ...
+DEFAULT_EVERY = 4
+"""``moestab train``'s default ``measure_every`` (with ``measure_fraction`` 1): every sequence of steps 1, 5, 9, ...
 
 Chosen from measurements (docs/benchmarks.md, "Measurement budget"; ``scripts/choose_budget.py`` and
 ``bench/bench_train.py --measure-every N``). A fraction below 1 fails the rule that the sampling error of old->new
 router flips stay below a tenth of their step-to-step spread (at 0.5 it is 1.15 times the spread), so the default
-samples steps, not groups: a measured step is measured in full (sampling error 0). Every 4th step left R3 above
-1.05x replay off (one free pi_old forward per 4 steps is ~5% of a step); every 8th is the smallest power of two
-that meets the step and replay targets. The run mean of a metric then rests on one step in 8.
+samples steps, not groups: a measured step is measured in full (sampling error 0). N is the smallest power of two
+whose benchmark meets issue 28's targets on the default job (step <= 1.0x TRL's GRPOTrainer, R3 and TRR <= 1.05x
+replay off): every 2nd step left R3 at 1.06x. The run mean of a metric then rests on one step in 4.
 """
 
 

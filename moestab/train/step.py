@@ -4,7 +4,9 @@ Routing Replay modes (the ``replay`` setting):
 
 - ``off``: every forward routes freely.
 - ``old`` (R2): the updates replay the routes the trainer chose under pi_old.
-- ``rollout`` (R3): the pi_old log-probs and the updates replay the rollout engine's routes.
+- ``rollout`` (R3): the pi_old log-probs and the updates replay the rollout engine's routes. The first minibatch's
+  pi_old log-probs are its update forward's (same weights, rows and routes: the no-grad forward would repeat it bit
+  for bit), so pi_old's replayed forward runs on the other minibatches only.
 - ``rollout-gates`` (TRR, "Total Router Recall"): as R3, with the rollout engine's gate weights as given too
   (``RoutingReplay(force_gates=True)``): the router is frozen in those forwards.
 

@@ -344,3 +344,33 @@ def test_list_route_column_is_the_version_2_layout():
     column = list_route_column(np.array([[[3, 0], [-1, -1]]]))
     assert column.type == pa.list_(pa.int16(), 4)
     assert column.to_pylist() == [[3, 0, -1, -1]]
+
+
+def test_the_duckdb_query_of_the_docs_gives_the_readers_routes(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    run = write_run(tmp_path / "v3", 3, {1: step_tensors(8, seed=1), 2: step_tensors(8, seed=2)}, 8)
+    text = (DOCS / "run-format.md").read_text()
+    (sql,) = [code for code in re.findall(r"```sql\n(.*?)```", text, re.S) if "parquet_kv_metadata" in code]
+    sql = (sql.replace("RUN/tokens/step_000001.parquet", str(run / schema.tokens_file(1)))
+           .replace("RUN/tokens/*.parquet", str(run / "tokens" / "*.parquet"))
+           .replace("SET VARIABLE top_k = 8;", f"SET VARIABLE top_k = {K};"))
+    connection = duckdb.connect()
+
+    def code(part: str) -> str:  # the SQL without its comments
+        return "\n".join(line.split("--")[0] for line in part.splitlines()).strip()
+
+    statements = [part for part in sql.split(";") if code(part)]  # a comment after the last ';' is no statement
+    ((layout,),) = connection.sql(statements[0]).fetchall()
+    assert json.loads(layout)["top_k"] == K
+    connection.sql(statements[1])
+    got = connection.sql(statements[2]).df()
+    expected = []
+    for step in (1, 2):
+        path = run / schema.tokens_file(step)
+        table = pd.read_parquet(path, columns=[schema.COL_SEQ, schema.COL_POSITION])
+        routes = R.read_routes(path, schema.COL_ROUTES_OLD, K)  # [tokens, layers, K], -1 not recorded
+        for (seq, pos), token in zip(table.itertuples(index=False), routes, strict=True):
+            expected += [(step, seq, pos, layer, slot, int(e)) for layer, row in enumerate(token)
+                         for slot, e in enumerate(row) if e >= 0]
+    rows = sorted(map(tuple, got[["step", "seq", "position", "layer", "slot", "expert"]].astype(int).to_numpy()))
+    assert rows == sorted(expected) and len(rows) > 0

@@ -36,7 +36,7 @@ def tiny_config(out: Path, cache: Path, **overrides) -> TrainConfig:
         "progress": False,
         "threads": 1,
         # Every step measured: the tests read each step's volatility and tables (the default budget measures every
-        # 8th step: tests/train/test_measure_budget.py covers it).
+        # 4th step: tests/train/test_measure_budget.py covers it).
         "measure_every": 1,
         **overrides,
     }
