@@ -38,8 +38,9 @@ import numpy as np
 
 LAYOUTS = {2: "FixedSizeList<int16>", 3: "FixedSizeBinary"}
 """Route-column layout of each run-format version (moestab.records.route_columns)."""
-STREAM_MODES = ("run_volatility", "decode only")
-"""What a streaming child does: the whole analysis, or only the reading and decoding of what it reads."""
+STREAM_MODES = ("run_volatility", "run_volatility, no read-ahead", "decode only")
+"""What a streaming child does: the whole analysis (its reader thread one batch ahead, as by default, or none), or
+only the reading and decoding of what it reads."""
 
 # (name, share of decisions with the k-th expert swapped out, share of the others reordered,
 #  whether flipped decisions are reordered too)
@@ -191,7 +192,8 @@ def _decode(run: str, batch_rows: int | None) -> int:
     return decisions
 
 
-def stream_child(run: str, batch_rows: int | None, threads: int | None, decode_only: bool = False) -> None:
+def stream_child(run: str, batch_rows: int | None, threads: int | None, decode_only: bool = False,
+                 read_ahead: int = 1) -> None:
     """Run in a fresh process: stream the run folder once (``run_volatility``, or only the decoding it does);
     print timings and peak RSS as JSON.
 
@@ -205,7 +207,7 @@ def stream_child(run: str, batch_rows: int | None, threads: int | None, decode_o
     if decode_only:
         routers = _decode(run, batch_rows)
     else:
-        counts = run_volatility(run, "old_new", batch_rows=batch_rows, threads=threads)
+        counts = run_volatility(run, "old_new", batch_rows=batch_rows, threads=threads, read_ahead=read_ahead)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     if not decode_only:
         routers = int(volatility_table(counts).iloc[0]["routers"])
@@ -251,6 +253,7 @@ def bench_stream(args: argparse.Namespace) -> dict[tuple[int, str], dict]:
                 cmd = [sys.executable, __file__, "--child", str(runs[version])]
                 cmd += ["--batch-rows", str(args.batch_rows)] if args.batch_rows else []
                 cmd += ["--decode-only"] if mode == "decode only" else []
+                cmd += ["--read-ahead", "0"] if mode.endswith("no read-ahead") else []
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 if "wall" not in kept or result["wall"] < kept["wall"]:
@@ -361,10 +364,11 @@ def main() -> None:
     parser.add_argument("--write-run", help=argparse.SUPPRESS)
     parser.add_argument("--sizes-child", help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--read-ahead", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--version", type=int, default=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        stream_child(args.child, args.batch_rows, None, args.decode_only)
+        stream_child(args.child, args.batch_rows, None, args.decode_only, args.read_ahead)
         return
     if args.write_run:
         write_run_folder(Path(args.write_run), args, args.version)

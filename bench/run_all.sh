@@ -31,11 +31,11 @@ run analysis $PY bench/bench_analysis.py
 run diagnostics $PY bench/bench_diagnostics.py --rounds 3
 run train-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 --measure-fraction 1 \
   --measure-every 1
-# The default budget measures one step in DEFAULT_EVERY: each sample is a block of that many steps (10 blocks)
-run train-default $PY bench/bench_train.py --threads 1 --rounds $((10 * DEFAULT_EVERY)) --micro-rounds 30 --prompts 32 \
+# The default budget measures one step in DEFAULT_EVERY: each sample is a block of that many steps (20 blocks)
+run train-default $PY bench/bench_train.py --threads 1 --rounds $((20 * DEFAULT_EVERY)) --micro-rounds 30 --prompts 32 \
   --measure-fraction "$DEFAULT_FRACTION" --measure-every "$DEFAULT_EVERY"
-run train-every4 $PY bench/bench_train.py --threads 1 --rounds 40 --micro-rounds 5 --prompts 32 --measure-every 4
-run train-sort32 $PY bench/bench_train.py --threads 2 --rounds $((2 * DEFAULT_EVERY)) --micro-rounds 5 \
+run train-every2 $PY bench/bench_train.py --threads 1 --rounds 40 --micro-rounds 5 --prompts 32 --measure-every 2
+run train-sort32 $PY bench/bench_train.py --threads 2 --rounds $((3 * DEFAULT_EVERY)) --micro-rounds 5 \
   --task sort:length=32 --measure-fraction "$DEFAULT_FRACTION" --measure-every "$DEFAULT_EVERY"
 run routing-share $PY bench/bench_train.py --routing-share-only --threads 1 --rounds 10
 run probe $PY bench/bench_probe.py --threads 2 --rounds 7

@@ -32,6 +32,7 @@ from moestab.metrics.routes import (
 )
 from moestab.records import schema
 from moestab.records.errors import Skipped
+from moestab.records.prefetch import prefetch
 from moestab.records.reader import iter_run_routes, read_run_info
 
 __all__ = [
@@ -380,6 +381,7 @@ def run_volatility(
     batch_rows: int | None = None,
     threads: int | None = None,
     skipped: list[Skipped] | None = None,
+    read_ahead: int = 1,
 ) -> VolatilityCounts | None:
     """Stream a run's per-token tables and count the volatility of route pair ``pair`` (see :data:`PAIRS`).
 
@@ -388,7 +390,8 @@ def run_volatility(
     ``model.recorded_layers``). Memory is bounded by ``batch_rows`` (default: see
     :func:`~moestab.records.reader.default_batch_rows`), not by the size of the run.
     Returns ``None`` if no per-token table could be read; unreadable parts go to ``skipped``
-    (raise with ``skipped=None``).
+    (raise with ``skipped=None``). ``read_ahead`` batches are read and decoded ahead on a background thread
+    while this one counts (:func:`~moestab.records.prefetch.prefetch`; 0: none).
     """
     if pair not in PAIRS:
         raise ValueError(f"unknown route pair {pair!r}; valid: {sorted(PAIRS)}")
@@ -397,7 +400,7 @@ def run_volatility(
     others = [schema.COL_STEP, schema.COL_MINIBATCH, schema.COL_POSITION]
     accumulator: VolatilityAccumulator | None = None
     batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped)
-    for _, batch, routes in batches:
+    for _, batch, routes in prefetch(batches, read_ahead):
         routes_a, routes_b = routes[col_a], routes[col_b]  # [rows, layers, top_k] each
         if accumulator is None:
             layers = info.recorded_layers if len(info.recorded_layers) == routes_a.shape[1] else None

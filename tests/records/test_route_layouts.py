@@ -295,6 +295,8 @@ def test_every_analysis_gives_the_same_from_both_layouts(both_layouts):
         tables = [volatility_table(run_volatility(run, pair, batch_rows=2), by=[*RUN_KEYS, "layer"])
                   for run in (v2, v3)]
         pd.testing.assert_frame_equal(*tables)
+        on_this_thread = run_volatility(v3, pair, batch_rows=2, read_ahead=0)  # no read-ahead: the same counts
+        pd.testing.assert_frame_equal(volatility_table(on_this_thread, by=[*RUN_KEYS, "layer"]), tables[1])
         checked += bool(((tables[1]["changed"] > 0) & (tables[1]["changed"] < 1)).any())
     assert checked >= 3  # not all 0 == 0 or 1 == 1: the pairs differ on some decisions, not all
     unrecorded = volatility_table(run_volatility(v3, "old_new"))["unrecorded"].iloc[0]
