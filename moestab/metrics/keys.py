@@ -129,7 +129,10 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "(`routing/old_new/*`, and under R3 / TRR `routing/rollout_old_free/*`, `mismatch/rollout_old_free/*`, "
         "`entropy/token_mean`, `experts/*`; `routing_share/*`) are then computed on the sampled tokens; the sampling "
         "error of the change rates is the cluster-sampling standard error over groups with the finite-population "
-        "correction (Cochran eq. 6.13): 0 when every group was measured, null with one group.",
+        "correction (Cochran eq. 6.13): 0 when every group was measured, null with one group. `moestab train`'s "
+        "default budget measures every sequence of one step in 4 (steps 1, 5, 9, ...): the measured steps carry "
+        "exact values and no `_se` key, the other steps none of these keys (docs/benchmarks.md, \"Measurement "
+        "budget\", says how the default was chosen).",
     ),
 }
 
