@@ -53,4 +53,6 @@ run train-16prompts-default $PY bench/bench_train.py --threads 1 --rounds $((10 
   --measure-every "$DEFAULT_EVERY"
 run trl-budget025 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction 0.25
 run analysis-sizes $PY bench/bench_analysis.py --sizes
+# Budget 1 against the code issue 28 measured, side by side (ratios of other days do not compare)
+run ab-2fa08e0 bash bench/ab_commit.sh 2fa08e0 3
 echo "logs in $OUT"
