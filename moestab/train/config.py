@@ -124,7 +124,7 @@ class TrainConfig:
     per-token tables hold the measured sequences only. The weights and every other metric are unchanged."""
     measure_every: int = DEFAULT_EVERY
     """Measurement budget: run those forwards on steps 1, 1 + N, 1 + 2N, ... only; the other steps log no
-    volatility and write no per-token table. Default 8 (moestab.recording.budget.DEFAULT_EVERY: the smallest that
+    volatility and write no per-token table. Default 4 (moestab.recording.budget.DEFAULT_EVERY: the smallest that
     keeps the measurement's cost within docs/benchmarks.md's targets); 1 measures every step, as the experiments'
     configs do."""
     kl_coef: float = 0.0

@@ -302,7 +302,7 @@ class _Steps:
         draw_more = extra_examples(self.task, config.prompts_per_step, config.seed, step)
         budget, G = config.budget, config.group_size
         measured = budget.rows(step, config.prompts_per_step * G, G, seed + 2)  # [B] the whole step's rows
-        measured = None if measured.all() else measured[share.start * G : share.stop * G]  # [B / nproc] this rank's
+        measured = measured[share.start * G : share.stop * G]  # [B / nproc] this rank's (run_step: all -> None)
         metrics, tensors = run_step(
             model=p.model, optimizer=p.optimizer, engine=engine, task=self.task, settings=self.settings,
             examples=examples[share],
