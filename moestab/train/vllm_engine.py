@@ -1,10 +1,11 @@
 """``--rollout-engine vllm``: rollouts sampled by vLLM with per-token log-probs and the routed experts of every
 token (``enable_return_routed_experts``), converted into moestab's ``RolloutBatch`` / ``Routes``.
 
-vLLM returns, per request, ``prompt_routed_experts`` ``[prompt_len, moe_layers, top_k]`` and, per completion,
-``routed_experts`` ``[generated, moe_layers, top_k]`` (int16 expert ids; the last sampled token may have none, as it
-is never fed back). ``routes_from_vllm`` lays them out like the Hugging Face engine's recorder: left-padded prompt,
-then the response inputs, -1 everywhere else. Nothing is ever filled in: a missing route is an error.
+vLLM 0.33 returns, per completion, ``routed_experts`` ``[prompt_len + generated - 1, decoder_layers, top_k]``
+(uint8 / uint16 expert ids, every decoder layer, the last sampled token never fed back); earlier releases split off
+the prompt's as ``RequestOutput.prompt_routed_experts``. Both are read by ``moestab.recording.engine_routes``, which
+also places them like the Hugging Face engine's recorder: left-padded prompt, then the response inputs, -1
+everywhere else. Nothing is ever filled in: a missing route is an error.
 
 vLLM needs a CUDA GPU; ``require_vllm`` says so at start-up, before anything is written. It returns expert ids, not
 gate weights, so TRR (``--routing-replay rollout-gates``) needs the Hugging Face engine.
@@ -21,6 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
+from moestab.recording.engine_routes import place_rows, vllm_rows
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
 from moestab.train.distributed import full_state_dict, world_from_env
@@ -41,38 +43,48 @@ def require_vllm(device: torch.device) -> None:
 
 
 def routes_from_vllm(
-    prompt_routes: Sequence[np.ndarray],
-    response_routes: Sequence[np.ndarray],
+    routed: Sequence[np.ndarray | None],
+    prompt_routed: Sequence[np.ndarray | None],
     prompt_lens: Sequence[int],
     response_lens: Sequence[int],
     prompt_width: int,
     length: int,
     layers: tuple[int, ...],
+    decoder_layers: int,
     num_experts: int,
 ) -> Routes:
     """vLLM's per-request routes as one ``Routes`` ``[B, length, layers, top_k]`` in the trainer's layout.
 
-    Row ``i``: its ``prompt_lens[i]`` prompt routes end at column ``prompt_width`` (left padding); its first
-    ``response_lens[i] - 1`` response routes follow (the last response token is never an input). ``ValueError`` when
-    vLLM returned fewer routes than that, or routes of another shape.
+    ``routed[i]``: request ``i``'s ``CompletionOutput.routed_experts``; ``prompt_routed[i]``: its
+    ``RequestOutput.prompt_routed_experts`` (``None`` in vLLM 0.33's one-array layout; both read by
+    :func:`~moestab.recording.engine_routes.vllm_rows`). The layer axis is either every decoder layer
+    (``decoder_layers`` rows, vLLM 0.33: the MoE ones, ``layers``, are kept) or the MoE layers only. Row ``i``'s
+    ``prompt_lens[i]`` prompt routes end at column ``prompt_width`` (left padding); its first ``response_lens[i] - 1``
+    response routes follow. ``ValueError`` when vLLM returned no routes, fewer than that, routes of another shape,
+    or ids outside ``0 .. num_experts - 1``: nothing is filled in.
     """
-    if any(r is None for r in (*prompt_routes, *response_routes)):
+    if any(r is None for r in routed):
         raise ValueError("vLLM returned no routed experts for some requests: the engine must be built with "
                          "enable_return_routed_experts=True, and vLLM refuses it for some setups (pipeline "
                          "parallelism, prefix caching off, a model it cannot capture); never filled in by moestab")
-    top_k = int(prompt_routes[0].shape[-1])
-    out = torch.full((len(prompt_routes), length, len(layers), top_k), -1, dtype=torch.int16)  # [B, L, layers, k]
-    for i, (prompt, response) in enumerate(zip(prompt_routes, response_routes, strict=True)):
-        p, n = int(prompt_lens[i]), int(response_lens[i]) - 1
-        for name, arr, need in (("prompt", prompt, p), ("response", response, n)):
-            if arr.ndim != 3 or arr.shape[1:] != (len(layers), top_k) or arr.shape[0] < need:
-                raise ValueError(f"vLLM returned {name} routes of shape {tuple(arr.shape)} for request {i}; expected "
-                                 f"at least [{need}, {len(layers)}, {top_k}] (tokens, MoE layers, top_k)")
-        out[i, prompt_width - p : prompt_width] = torch.from_numpy(np.asarray(prompt[:p], dtype=np.int16))
-        out[i, prompt_width : prompt_width + n] = torch.from_numpy(np.asarray(response[:n], dtype=np.int16))
-    if int(out.max()) >= num_experts:
-        raise ValueError(f"vLLM routed to expert {int(out.max())}, the model has {num_experts} per layer")
-    return Routes(indices=out, layers=layers, num_experts=num_experts)
+    rows = []
+    for i, (arr, head, p) in enumerate(zip(routed, prompt_routed, prompt_lens, strict=True)):
+        field = f"request {i}'s routed_experts"
+        seq, _ = vllm_rows(np.asarray(arr), None if head is None else np.asarray(head), int(p), start=0, field=field,
+                           prompt_field=f"request {i}'s prompt_routed_experts")
+        if seq.ndim != 3 or seq.shape[1] not in (decoder_layers, len(layers)):
+            raise ValueError(f"vLLM returned {field} of shape {list(seq.shape)}; expected [tokens, layers, top_k] with "
+                             f"one layer row per decoder layer ({decoder_layers}) or per MoE layer ({len(layers)})")
+        if seq.shape[1] != len(layers):
+            seq = seq[:, list(layers)]  # [tokens, moe_layers, top_k]: vLLM 0.33 has a row for every decoder layer
+        if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= num_experts):
+            raise ValueError(f"vLLM routed request {i} to experts {int(seq.min())}..{int(seq.max())}; the model has "
+                             f"{num_experts} per layer (ids 0..{num_experts - 1})")
+        rows.append(seq.astype(np.int16))
+    indices, _ = place_rows(rows, [int(p) for p in prompt_lens], [int(r) for r in response_lens],
+                            starts=[0] * len(rows), prompt_width=prompt_width, length=length,
+                            field="vLLM's routed experts")  # [B, length, layers, top_k]
+    return Routes(indices=torch.from_numpy(indices), layers=layers, num_experts=num_experts)
 
 
 def _load_weights(worker, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -97,6 +109,7 @@ class VLLMRolloutEngine:
         sites = find_routers(model, verify=False)
         self.layers = tuple(s.layer for s in sites)
         self.num_experts = sites[0].num_experts
+        self.decoder_layers = int(model.config.get_text_config().num_hidden_layers)
         if llm is None:
             import vllm
 
@@ -142,9 +155,10 @@ class VLLMRolloutEngine:
         attention_mask = torch.cat([enc.attention_mask, response_mask[:, :-1].long()], dim=1)  # [B, L]
         sequences = torch.cat([enc.input_ids, generated], dim=1)  # [B, P + T]
         routes = routes_from_vllm(
-            [o.prompt_routed_experts for o in outputs], [c.routed_experts for c in completions],
+            [c.routed_experts for c in completions], [getattr(o, "prompt_routed_experts", None) for o in outputs],
             prompt_lens=[len(ids) for ids in prompt_ids], response_lens=response_mask.sum(-1).tolist(),
-            prompt_width=prompt_len, length=sequences.shape[1] - 1, layers=self.layers, num_experts=self.num_experts,
+            prompt_width=prompt_len, length=sequences.shape[1] - 1, layers=self.layers,
+            decoder_layers=self.decoder_layers, num_experts=self.num_experts,
         )
         texts = tok.batch_decode(generated.masked_fill(~response_mask, tok.pad_token_id), skip_special_tokens=True)
         return RolloutBatch(

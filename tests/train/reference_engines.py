@@ -3,9 +3,11 @@
 - ``ReferenceEngine``: samples token by token with full forwards (no KV cache, no ``generate()``), then records the
   routes and log-probs of one teacher-forced forward: the contract written as plainly as possible.
 - ``FakeVLLM``: a stand-in for ``vllm.LLM`` (and a ``vllm`` module to go with it) that speaks vLLM's output format:
-  per request ``prompt_routed_experts`` and, per completion, ``token_ids``, ``logprobs`` and ``routed_experts``
-  (without a route for the last sampled token). It samples with Hugging Face ``generate()`` on its own copy of the
-  policy, so ``VLLMRolloutEngine`` runs end to end on a CPU; weights reach it only through ``collective_rpc``.
+  per completion ``token_ids``, ``logprobs`` and ``routed_experts`` (without a route for the last sampled token), in
+  vLLM 0.33's one array (prompt and response, one uint8 row per decoder layer) or, with ``layout="split"``, the
+  earlier releases' split (the prompt's as the request's ``prompt_routed_experts``, int16). It samples with Hugging
+  Face ``generate()`` on its own copy of the policy, so ``VLLMRolloutEngine`` runs end to end on a CPU; weights reach
+  it only through ``collective_rpc``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import copy
 import types
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
@@ -71,9 +74,10 @@ class FakeSamplingParams:
 class FakeVLLM:
     """``vllm.LLM``'s surface as VLLMRolloutEngine uses it; ``rpc_calls`` counts weight pushes."""
 
-    def __init__(self, model, tokenizer) -> None:
+    def __init__(self, model, tokenizer, layout: str = "one-array") -> None:
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
+        self.layout = layout
         self.rpc_calls = 0
 
     def collective_rpc(self, method, args=()):
@@ -98,12 +102,18 @@ class FakeVLLM:
             tokens = out.sequences[0, prompt.shape[1]:].tolist()
             raw = torch.stack(out.logits, dim=1)[0].float()  # [T, V]
             logp = torch.log_softmax(raw / params.temperature, -1)
-            routes = rec.routes.indices[0].numpy()  # [P + T - 1, layers, k]
-            completion = types.SimpleNamespace(
-                token_ids=tokens, logprobs=[{t: _Logprob(float(logp[j, t]))} for j, t in enumerate(tokens)],
-                routed_experts=routes[prompt.shape[1]:])
-            outputs.append(types.SimpleNamespace(prompt_routed_experts=routes[: prompt.shape[1]],
-                                                 outputs=[completion]))
+            routes = rec.routes.indices[0].numpy()  # [P + T - 1, moe_layers, k]
+            logprobs = [{t: _Logprob(float(logp[j, t]))} for j, t in enumerate(tokens)]
+            if self.layout == "split":
+                completion = types.SimpleNamespace(token_ids=tokens, logprobs=logprobs,
+                                                   routed_experts=routes[prompt.shape[1]:])
+                outputs.append(types.SimpleNamespace(prompt_routed_experts=routes[: prompt.shape[1]],
+                                                     outputs=[completion]))
+                continue
+            every = np.zeros((routes.shape[0], self.model.config.num_hidden_layers, routes.shape[2]), np.uint8)
+            every[:, list(rec.routes.layers)] = routes  # [P + T - 1, decoder_layers, k]: dense layers' rows stay 0
+            completion = types.SimpleNamespace(token_ids=tokens, logprobs=logprobs, routed_experts=every)
+            outputs.append(types.SimpleNamespace(outputs=[completion]))  # vLLM 0.33: no prompt_routed_experts
         return outputs
 
 

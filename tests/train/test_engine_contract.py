@@ -3,6 +3,7 @@ engine on a vLLM stand-in: structure (check_rollout_batch) and numbers against t
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,7 +28,8 @@ def build(kind: str, model, tokenizer):
         return HFRolloutEngine(model, tokenizer)
     if kind == "reference":
         return ReferenceEngine(model, tokenizer)
-    return VLLMRolloutEngine(model, tokenizer, llm=FakeVLLM(model, tokenizer))
+    layout = "split" if kind == "vllm-split-standin" else "one-array"
+    return VLLMRolloutEngine(model, tokenizer, llm=FakeVLLM(model, tokenizer, layout=layout))
 
 
 def trainer_view(model, batch, temperature):
@@ -38,7 +40,7 @@ def trainer_view(model, batch, temperature):
     return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), rec.routes
 
 
-@pytest.mark.parametrize("kind", ["hf", "reference", "vllm-standin"])
+@pytest.mark.parametrize("kind", ["hf", "reference", "vllm-standin", "vllm-split-standin"])
 def test_engine_meets_the_contract_and_agrees_with_the_trainer(kind, vllm_standin):
     torch.manual_seed(0)
     model, tokenizer = build_embedded_policy()
@@ -75,23 +77,41 @@ def test_check_rollout_batch_names_the_broken_rule():
         check_rollout_batch(batch, gates=True, **shape)
 
 
-def test_routes_from_vllm_lays_out_prompt_and_response_and_refuses_missing_routes():
+def test_routes_from_vllm_reads_both_layouts_and_refuses_missing_routes():
     # Two requests: prompts of 2 and 3 tokens (width 3, left padding), responses of 3 and 1 tokens (length 3 + 3 - 1).
-    prompt = [torch.tensor([[[1, 2]], [[3, 4]]]).numpy(), torch.tensor([[[5, 6]], [[7, 0]], [[1, 3]]]).numpy()]
-    response = [torch.tensor([[[2, 5]], [[6, 7]], [[0, 1]]]).numpy(), torch.zeros((0, 1, 2), dtype=torch.int64).numpy()]
-    routes = routes_from_vllm(prompt, response, prompt_lens=[2, 3], response_lens=[3, 1], prompt_width=3, length=5,
-                              layers=(0,), num_experts=8)
-    assert routes.indices[:, :, 0].tolist() == [
+    # One MoE layer, top-2. Split layout (vLLM <= 0.2x): the prompt's routes apart from the response's.
+    prompt = [np.array([[[1, 2]], [[3, 4]]]), np.array([[[5, 6]], [[7, 0]], [[1, 3]]])]
+    response = [np.array([[[2, 5]], [[6, 7]], [[0, 1]]]), np.zeros((0, 1, 2), np.int64)]
+    shape = dict(prompt_lens=[2, 3], response_lens=[3, 1], prompt_width=3, length=5, num_experts=8)
+    expected = [
         [[-1, -1], [1, 2], [3, 4], [2, 5], [6, 7]],  # the third response token is never an input
         [[5, 6], [7, 0], [1, 3], [-1, -1], [-1, -1]],  # a 1-token response has no response input
     ]
+    routes = routes_from_vllm(response, prompt, layers=(0,), decoder_layers=1, **shape)
+    assert routes.indices[:, :, 0].tolist() == expected
+    # vLLM 0.33: one uint8 array per completion, prompt then response, a row per decoder layer. Three decoder layers,
+    # the MoE one is layer 1 (rows 0 and 2 are a dense layer's zeros and a second MoE layer's routes, dropped here).
+    one = []
+    for head, tail in zip(prompt, response, strict=True):
+        seq = np.concatenate([head, tail]).astype(np.uint8)  # [P + T - 1, 1, 2]
+        every = np.zeros((seq.shape[0], 3, 2), np.uint8)  # [P + T - 1, decoder_layers, 2]
+        every[:, 1:2] = seq
+        every[:, 2] = 7
+        one.append(every)
+    routes = routes_from_vllm(one, [None, None], layers=(1,), decoder_layers=3, **shape)
+    assert routes.indices[:, :, 0].tolist() == expected and routes.layers == (1,)
+    assert routes.indices.dtype == torch.int16
     with pytest.raises(ValueError, match="vLLM returned no routed experts for some requests"):
-        routes_from_vllm([prompt[0], None], response, prompt_lens=[2, 3], response_lens=[3, 1], prompt_width=3,
-                         length=5, layers=(0,), num_experts=8)
-    with pytest.raises(ValueError, match=r"vLLM returned response routes of shape \(1, 1, 2\) for request 0; "
-                                         r"expected at least \[2, 1, 2\]"):
-        routes_from_vllm(prompt, [response[0][:1], response[1]], prompt_lens=[2, 3], response_lens=[3, 1],
-                         prompt_width=3, length=5, layers=(0,), num_experts=8)
+        routes_from_vllm([response[0], None], prompt, layers=(0,), decoder_layers=1, **shape)
+    with pytest.raises(ValueError, match=r"vLLM's routed experts of sequence 0 has 3 route rows from position 0; its 2 "
+                                         r"prompt \+ 3 response tokens need 4"):
+        routes_from_vllm([response[0][:1], response[1]], prompt, layers=(0,), decoder_layers=1, **shape)
+    with pytest.raises(ValueError, match=r"request 0's routed_experts of shape \[5, 2, 2\]; expected \[tokens, layers, "
+                                         r"top_k\] with one layer row per decoder layer \(3\) or per MoE layer \(1\)"):
+        routes_from_vllm([one[0][:, :2], one[1]], [None, None], layers=(1,), decoder_layers=3, **shape)
+    with pytest.raises(ValueError, match=r"vLLM routed request 1 to experts 0\.\.9; the model has 8 per layer"):
+        routes_from_vllm([one[0], np.where(one[1] == 7, 9, one[1])], [None, None], layers=(1, 2), decoder_layers=3,
+                         **shape)
 
 
 def test_vllm_engine_pushes_weights_only_when_synced_and_refuses_trr(vllm_standin):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from moestab.recording.engine_routes import RouteLayoutError, place_rows
 from moestab.routing.routes import Routes
 
 ID_LIMIT = np.iinfo(np.int16).max
@@ -214,31 +215,14 @@ def lay_out(
     are unrecorded (-1); rows past its last input position (``p_i + r_i - 2``) are dropped; a sequence whose rows end
     before it is refused, naming ``field`` and the shapes.
     """
-    batch = len(rows)
-    if not batch:
-        raise PayloadError(f"{field}: no sequences")
-    if len(prompt_lens) != batch or len(response_lens) != batch:
-        raise PayloadError(f"{field}: {batch} sequences but {len(prompt_lens)} prompt and {len(response_lens)} "
-                           "response lengths")
-    starts = [0] * batch if starts is None else list(starts)
-    top_k = rows[0].shape[-1]
-    width_p, width_r = max(prompt_lens), max(response_lens)
-    out = np.full((batch, width_p + width_r - 1, len(layers), top_k), -1, np.int16)  # [B, P + R - 1, layers, k]
-    scoring = np.zeros(out.shape[:2], bool)  # [B, P + R - 1]
-    for i, (seq, p, r, start) in enumerate(zip(rows, prompt_lens, response_lens, starts, strict=True)):
-        if seq.ndim != 3 or seq.shape[1:] != (len(layers), top_k):
-            raise PayloadError(f"{field} of sequence {i} has shape {list(seq.shape)}; expected [tokens, "
-                               f"{len(layers)}, {top_k}] (tokens, layers, top_k)")
-        if p < 1 or r < 1 or not 0 <= start <= p:
-            raise PayloadError(f"{field} of sequence {i}: need a prompt and a response token and 0 <= start <= prompt, "
-                               f"got prompt {p}, response {r}, start {start}")
-        need = p + r - 1 - start  # rows up to the last input position
-        if seq.shape[0] < need:
-            raise PayloadError(f"{field} of sequence {i} has {seq.shape[0]} route rows from position {start}; its "
-                               f"{p} prompt + {r} response tokens need {need} (through the last input position)")
-        offset = width_p - p  # left padding
-        out[i, offset + start : offset + p + r - 1] = seq[:need]
-        scoring[i, width_p - 1 : width_p - 1 + r] = True
+    starts = [0] * len(rows) if starts is None else list(starts)
+    width_p, width_r = max(prompt_lens, default=0), max(response_lens, default=0)
+    try:
+        # [B, P + R - 1, layers, k], [B, P + R - 1]
+        out, scoring = place_rows(rows, prompt_lens, response_lens, starts=starts, prompt_width=width_p,
+                                  length=width_p + width_r - 1, field=field)
+    except RouteLayoutError as exc:
+        raise PayloadError(str(exc)) from exc
     routes = Routes(indices=torch.from_numpy(out), layers=layers, num_experts=num_experts)
     return ImportedRoutes(routes=routes, scoring=torch.from_numpy(scoring), source=source, response_width=width_r)
 

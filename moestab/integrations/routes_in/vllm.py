@@ -1,14 +1,9 @@
 """vLLM (``enable_return_routed_experts``): per request, the experts of every token vLLM fed through the model.
 
-Two layouts, told apart by the request's ``prompt_routed_experts``:
-
-- *split* (vLLM up to the 0.2x series): ``RequestOutput.prompt_routed_experts`` ``[prompt_len, layers, top_k]`` and
-  ``CompletionOutput.routed_experts`` ``[generated (- 1), layers, top_k]``, int16 or int32;
-- *one array* (vLLM 0.33, checked against the installed package's ``vllm/outputs.py`` and its
-  ``RoutedExpertsCapturer``): ``CompletionOutput.routed_experts`` ``[prompt_len - start + generated - 1, layers,
-  top_k]`` from the sampling parameter ``routed_experts_prompt_start`` (``prompt_start`` here) through the penultimate
-  token, uint8 (<= 256 experts) or uint16, with one row per decoder layer (dense layers' rows are zero: name the MoE
-  rows with ``moe_layers``).
+Both of vLLM's layouts (the *split* one of releases up to the 0.2x series, and vLLM 0.33's *one array* from
+``routed_experts_prompt_start`` through the penultimate token, one row per decoder layer, dense layers' rows zero:
+name the MoE rows with ``moe_layers``) are read by :func:`moestab.recording.engine_routes.vllm_rows`, which
+``--rollout-engine vllm`` uses too; they are told apart by the request's ``prompt_routed_experts``.
 
 Either may come as objects (``vllm.RequestOutput``) or as the OpenAI-server JSON (``prompt_token_ids``,
 ``choices[i].token_ids``, ``choices[i].routed_experts``), routes as arrays, nested lists or prime-rl's base64
@@ -32,6 +27,7 @@ from moestab.integrations.routes_in.common import (
     lay_out,
     pick_layers,
 )
+from moestab.recording.engine_routes import RouteLayoutError, vllm_rows
 
 
 def _completion(request: Any, i: int, completion: int) -> tuple[Any, str]:
@@ -51,14 +47,14 @@ def request_rows(request: Any, i: int, *, completion: int, prompt_start: int) ->
     response = field_of(out, "token_ids", f"{where}.token_ids")
     routed, start = encoded_array(field_of(out, "routed_experts", f"{where}.routed_experts"), f"{where}.routed_experts")
     prompt_routed = field_of(request, "prompt_routed_experts", "", None)
-    if prompt_routed is None:
-        return routed, start or prompt_start, len(prompt), len(response)
-    head, _ = encoded_array(prompt_routed, f"requests[{i}].prompt_routed_experts")
-    if head.ndim != 3 or head.shape[0] < len(prompt) or head.shape[1:] != routed.shape[1:]:
-        raise PayloadError(f"requests[{i}].prompt_routed_experts has shape {list(head.shape)}; expected "
-                           f"[{len(prompt)}, {', '.join(map(str, routed.shape[1:]))}] (prompt tokens, layers, top_k "
-                           f"of {where}.routed_experts {list(routed.shape)})")
-    return np.concatenate([head[: len(prompt)], routed]), 0, len(prompt), len(response)
+    prompt_field = f"requests[{i}].prompt_routed_experts"
+    head = None if prompt_routed is None else encoded_array(prompt_routed, prompt_field)[0]
+    try:
+        rows, first = vllm_rows(routed, head, len(prompt), start=start or prompt_start, field=f"{where}.routed_experts",
+                                prompt_field=prompt_field)
+    except RouteLayoutError as exc:
+        raise PayloadError(str(exc)) from exc
+    return rows, first, len(prompt), len(response)
 
 
 def from_vllm(
