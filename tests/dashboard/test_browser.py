@@ -324,10 +324,15 @@ def test_compare_groups_in_chromium(server: str, page: Page, tmp_path: Path) -> 
     remove = group_by.locator('button[aria-label^="Remove "]')  # the x on each chosen field
     for _ in range(remove.count()):
         remove.first.click()  # each removal reruns the page
-        page.wait_for_timeout(500)
+        settle(page, "Compare", len(DEFAULT_KEYS))
     assert remove.count() == 0
-    page.wait_for_function("(c) => c.querySelectorAll('svg g.mark-area path[d*=\"L\"]').length > 0",
-                           arg=chart.element_handle(), timeout=60_000)
+    # While Streamlit reruns, the old chart and its replacement can both be in the page: wait on the page for a chart
+    # of that name with a band, not on one element.
+    page.wait_for_function(
+        """(label) => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
+            .some(c => (c.getAttribute('aria-label') || '').startsWith(label)
+                       && c.querySelector('svg g.mark-area path[d*="L"]'))""",
+        arg="routing/old_new/changed against step", timeout=60_000)
     settle(page, "Compare", len(DEFAULT_KEYS))
     assert band_paths(chart) == 1  # one group: "all runs"
     assert page.locator(ERRORS).count() == 0
