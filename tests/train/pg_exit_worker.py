@@ -1,9 +1,14 @@
 """One torchrun process for test_process_group_exit: a two-layer model sharded with FSDP2 over gloo, trained three
-steps inside :func:`moestab.train.distributed.process_group`, then the process exits normally."""
+steps inside :func:`moestab.train.distributed.process_group`, then the process exits normally, or with status 3
+when a module of the sharded model is still alive once the group is gone (left for interpreter finalization)."""
+
+import gc
+import sys
+import warnings
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from moestab.train.distributed import process_group, world_from_env
 
@@ -25,3 +30,9 @@ def train() -> None:
 if __name__ == "__main__":
     with process_group(world_from_env(), torch.device("cpu")):
         train()
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated reduce_op proxy warns
+        warnings.simplefilter("ignore", FutureWarning)
+        alive = [type(o).__name__ for o in gc.get_objects() if isinstance(o, FSDPModule)]
+    if alive:
+        print(f"sharded modules still alive after process_group: {alive}", file=sys.stderr)
+        sys.exit(3)
