@@ -9,7 +9,8 @@ active exception", SIGABRT) after the run has finished and saved. That is what m
 The abort is a race, rare in a small worker (tests/train/pg_exit_worker.py: 1 of 30 sessions without the
 collection, 0 of 30 with it, alternated in one run), so the test checks its cause, which is deterministic: after
 ``process_group`` exits no FSDP module is alive (without the collection the worker finds all three of its sharded
-modules still alive and exits 3).
+modules still alive and exits 3). tests/train/dist_worker.py makes the same check after every multi-process training
+run of tests/train/test_distributed.py (without the collection the whole sharded Qwen3-MoE policy is alive there).
 """
 
 from __future__ import annotations
