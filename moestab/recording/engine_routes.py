@@ -28,6 +28,26 @@ class RouteLayoutError(ValueError):
     """An engine's routes that cannot be placed: the message names the field, the shapes and what was expected."""
 
 
+def check_id_width(dtype: np.dtype, num_experts: int, field: str) -> None:
+    """Refuse a uint8 payload for a model with more than 256 experts: its ids wrapped (vLLM and prime-rl switch to
+    uint16 above 256; verl's older R2 records wrapped ids into uint8)."""
+    if dtype == np.uint8 and num_experts > 256:
+        raise RouteLayoutError(f"{field} is uint8, which cannot hold the ids of {num_experts} experts (ids wrap at "
+                               "256); the engine must send uint16 or wider")
+
+
+def expert_ids(arr: np.ndarray, field: str, num_experts: int) -> np.ndarray:
+    """``arr`` as int16 expert ids, checked: each in ``0 .. num_experts - 1`` or -1 ("not routed"), and a uint8
+    payload only for up to 256 experts (:func:`check_id_width`)."""
+    check_id_width(arr.dtype, num_experts, field)
+    if arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if low < -1 or high >= num_experts:
+            raise RouteLayoutError(f"{field} {tuple(arr.shape)} holds expert ids {low}..{high}; valid ids are "
+                                   f"0..{num_experts - 1} (num_experts={num_experts}) and -1 for not routed")
+    return arr.astype(np.int16, copy=False)
+
+
 def vllm_rows(
     routed: np.ndarray, prompt_routed: np.ndarray | None, prompt_len: int, *, start: int, field: str,
     prompt_field: str,

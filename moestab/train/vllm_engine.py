@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
-from moestab.recording.engine_routes import place_rows, vllm_rows
+from moestab.recording.engine_routes import expert_ids, place_rows, vllm_rows
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
 from moestab.train.distributed import full_state_dict, world_from_env
@@ -61,7 +61,7 @@ def routes_from_vllm(
     (``decoder_layers`` rows, vLLM 0.33: the MoE ones, ``layers``, are kept) or the MoE layers only. Row ``i``'s
     ``prompt_lens[i]`` prompt routes end at column ``prompt_width`` (left padding); its first ``response_lens[i] - 1``
     response routes follow. ``ValueError`` when vLLM returned no routes, fewer than that, routes of another shape,
-    or ids outside ``0 .. num_experts - 1``: nothing is filled in.
+    or ids that are not experts (:func:`~moestab.recording.engine_routes.expert_ids`): nothing is filled in.
     """
     if any(r is None for r in routed):
         raise ValueError("vLLM returned no routed experts for some requests: the engine must be built with "
@@ -77,10 +77,7 @@ def routes_from_vllm(
                              f"one layer row per decoder layer ({decoder_layers}) or per MoE layer ({len(layers)})")
         if seq.shape[1] != len(layers):
             seq = seq[:, list(layers)]  # [tokens, moe_layers, top_k]: vLLM 0.33 has a row for every decoder layer
-        if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= num_experts):
-            raise ValueError(f"vLLM routed request {i} to experts {int(seq.min())}..{int(seq.max())}; the model has "
-                             f"{num_experts} per layer (ids 0..{num_experts - 1})")
-        rows.append(seq.astype(np.int16))
+        rows.append(expert_ids(seq, field, num_experts))  # [tokens, moe_layers, top_k] int16
     indices, _ = place_rows(rows, [int(p) for p in prompt_lens], [int(r) for r in response_lens],
                             starts=[0] * len(rows), prompt_width=prompt_width, length=length,
                             field="vLLM's routed experts")  # [B, length, layers, top_k]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moestab.recording.engine_routes import RouteLayoutError, place_rows, vllm_rows
+from moestab.recording.engine_routes import RouteLayoutError, expert_ids, place_rows, vllm_rows
 
 
 def test_place_rows_left_pads_starts_late_and_drops_the_last_token():
@@ -43,3 +43,16 @@ def test_vllm_rows_joins_the_split_layout_and_passes_the_one_array_through():
     assert start == 1 and rows is routed
     with pytest.raises(RouteLayoutError, match=r"p has shape \[1, 1, 2\]; expected \[2, 1, 2\]"):
         vllm_rows(routed, prompt[:1], 2, start=0, field="r", prompt_field="p")
+
+
+def test_expert_ids_keep_the_unrouted_sentinel_and_refuse_what_is_not_an_expert():
+    ids = expert_ids(np.array([[[0, 7]], [[-1, -1]]]), "f", 8)  # [2 tokens, 1 layer, top-2]
+    assert ids.dtype == np.int16 and ids[..., 0, :].tolist() == [[0, 7], [-1, -1]]
+    with pytest.raises(RouteLayoutError, match=r"f \(1, 1, 2\) holds expert ids 3\.\.8; valid ids are 0\.\.7"):
+        expert_ids(np.array([[[3, 8]]]), "f", 8)
+    with pytest.raises(RouteLayoutError, match=r"f \(1, 1, 2\) holds expert ids -2\.\.1"):
+        expert_ids(np.array([[[-2, 1]]]), "f", 8)
+    # uint8 names at most 256 experts: a 300-expert model's uint8 ids have wrapped, even when they look valid.
+    assert expert_ids(np.array([[[255, 1]]], np.uint8), "f", 256).tolist() == [[[255, 1]]]
+    with pytest.raises(RouteLayoutError, match="f is uint8, which cannot hold the ids of 300 experts"):
+        expert_ids(np.array([[[5, 1]]], np.uint8), "f", 300)

@@ -109,7 +109,9 @@ def test_routes_from_vllm_reads_both_layouts_and_refuses_missing_routes():
     with pytest.raises(ValueError, match=r"request 0's routed_experts of shape \[5, 2, 2\]; expected \[tokens, layers, "
                                          r"top_k\] with one layer row per decoder layer \(3\) or per MoE layer \(1\)"):
         routes_from_vllm([one[0][:, :2], one[1]], [None, None], layers=(1,), decoder_layers=3, **shape)
-    with pytest.raises(ValueError, match=r"vLLM routed request 1 to experts 0\.\.9; the model has 8 per layer"):
+    # Request 1: 3 prompt rows + 0 response rows, MoE layers 1 and 2; layer 2's 7s made 9.
+    with pytest.raises(ValueError, match=r"request 1's routed_experts \(3, 2, 2\) holds expert ids 0\.\.9; valid ids "
+                                         r"are 0\.\.7"):
         routes_from_vllm([one[0], np.where(one[1] == 7, 9, one[1])], [None, None], layers=(1, 2), decoder_layers=3,
                          **shape)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moestab.recording.engine_routes import RouteLayoutError, place_rows
+from moestab.recording.engine_routes import RouteLayoutError, check_id_width, expert_ids, place_rows
 from moestab.routing.routes import Routes
 
 ID_LIMIT = np.iinfo(np.int16).max
@@ -132,17 +132,13 @@ def checked_ids(
     ``[layers, physical]``, an engine's expert-parallel load-balancing map) ids are physical slots mapped to logical
     experts first, for an engine that says it returns physical ids.
     """
-    if arr.dtype == np.uint8 and num_experts > 256:
-        raise PayloadError(f"{field} is uint8, which cannot hold the ids of {num_experts} experts (ids wrap at 256); "
-                           "the engine must send uint16 or wider")
-    if physical_to_logical is not None:
-        arr = to_logical(arr, physical_to_logical, field)
-    if arr.size:
-        low, high = int(arr.min()), int(arr.max())
-        if low < -1 or high >= num_experts:
-            raise PayloadError(f"{field} {tuple(arr.shape)} holds expert ids {low}..{high}; valid ids are "
-                               f"0..{num_experts - 1} (num_experts={num_experts}) and -1 for not routed")
-    return arr.astype(np.int16, copy=False)
+    try:
+        check_id_width(arr.dtype, num_experts, field)  # the payload as sent, before any mapping
+        if physical_to_logical is not None:
+            arr = to_logical(arr, physical_to_logical, field)
+        return expert_ids(arr, field, num_experts)
+    except RouteLayoutError as exc:
+        raise PayloadError(str(exc)) from exc
 
 
 def to_logical(arr: np.ndarray, physical_to_logical: Any, field: str) -> np.ndarray:
