@@ -28,7 +28,8 @@ def declared() -> dict[str, str]:
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", requirement.strip())
         if match is None:
             raise SystemExit(f"pyproject.toml: cannot read the requirement {requirement!r}")
-        out.setdefault(match.group(1).lower(), match.group(2))
+        if match.group(1).lower() != "moestab":  # an extra made of other extras ([all], [dev])
+            out.setdefault(match.group(1).lower(), match.group(2))
     return out
 
 

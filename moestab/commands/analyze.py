@@ -83,9 +83,15 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from moestab.analysis.summary import SUMMARY_COLUMNS
+    from moestab.extras import MissingExtraError, require
     from moestab.records.reader import finite_or_none
 
     problem = output_problem(args.json, args.csv)
+    if problem is None and args.plots is not None:
+        try:
+            require("plots", "moestab analyze --plots")
+        except MissingExtraError as exc:
+            problem = str(exc)
     if problem is not None:
         print(f"moestab analyze: error: {problem}", file=sys.stderr)
         return 2

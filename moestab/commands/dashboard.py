@@ -67,6 +67,13 @@ def streamlit_command(args: argparse.Namespace, app: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moestab.extras import MissingExtraError, require
+
+    try:
+        require("dashboard", "moestab dashboard")
+    except MissingExtraError as exc:
+        print(f"moestab dashboard: error: {exc}", file=sys.stderr)
+        return 2
     app = app_path()
     if not app.is_file():
         print(

@@ -89,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moestab.extras import MissingExtraError, require
     from moestab.probes.errors import ProbeError
     from moestab.probes.folder import check_output_targets
     from moestab.probes.runner import ProbeSettings, probe_inputs, run_probe
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
                                  progress=not args.no_progress, threads=args.threads)
         checkpoints, suite = probe_inputs(args.probe, args.checkpoints, args.suite, args.count, settings)
         check_output_targets(out=args.out, plots=args.plots)
+        if args.plots is not None:
+            require("plots", "moestab probe --plots")
         problem = output_problem(args.json, args.csv)
         if problem is not None:
             raise ProbeError(problem)
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
             torch.set_num_threads(args.threads)
         result = run_probe(args.probe, checkpoints, suite, settings)
-    except ProbeError as exc:
+    except (ProbeError, MissingExtraError) as exc:
         print(f"moestab probe: error: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
     if not uses_stdout(args.json, args.csv):  # else stdout carries the JSON or CSV only

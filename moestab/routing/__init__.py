@@ -10,7 +10,8 @@ Public API:
 - ``router_parameters(model)``, ``freeze_routers(model)``: the routers' own parameters (``--freeze-router``).
 - ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support (docs/families.md); each router is
   checked against its adapter on the model itself (``moestab.routing.verify``).
-- Errors: ``RoutingError``, ``NotAnMoEModelError`` (and its ``UnsupportedRoutingError``, ``RouterClassMissingError``),
+- Errors: ``RoutingError``, ``NotAnMoEModelError`` (and its ``UnsupportedRoutingError``, ``RouterClassMissingError``,
+  ``TransformersTooOldError``),
   ``AdapterMismatchError``, ``IncompatibleTransformersError``, ``RoutesMismatchError``, ``RecordingError``.
 """
 
@@ -24,6 +25,7 @@ from moestab.routing.errors import (
     RouterClassMissingError,
     RoutesMismatchError,
     RoutingError,
+    TransformersTooOldError,
     UnsupportedRoutingError,
 )
 from moestab.routing.freeze import freeze_routers, router_parameters
@@ -46,6 +48,7 @@ __all__ = [
     "RoutingError",
     "RoutingRecorder",
     "RoutingReplay",
+    "TransformersTooOldError",
     "UnsupportedRoutingError",
     "find_routers",
     "freeze_routers",

@@ -83,6 +83,10 @@ class RouterAdapter:
     """Why replay is not exact while the router is in training mode (None: it is)."""
     router_input_dims: int = 2
     """Rank of the hidden states the MoE block hands its router (``[N, hidden]``, or 3 for ``[batch, seq, hidden]``)."""
+    min_transformers: str | None = None
+    """The oldest transformers release whose router this adapter reproduces, when that is newer than pyproject's
+    lower bound (found by running tests/routing at each release: scripts/bisect_versions.py, docs/families.md); the
+    family is refused on older releases instead of the floor being raised for every family."""
 
     def router_type(self) -> type[nn.Module] | None:
         """The router class, or None when this transformers build lacks it."""
@@ -93,6 +97,12 @@ class RouterAdapter:
 
     def top_k(self, router: nn.Module) -> int:
         return int(router.top_k)
+
+    def too_old(self, version: str) -> bool:
+        """Whether transformers ``version`` predates the release this adapter needs."""
+        from packaging.version import Version
+
+        return self.min_transformers is not None and Version(version) < Version(self.min_transformers)
 
     def describe(self) -> tuple[str, str]:
         """(selection score, gate normalisation) in words, for docs/families.md."""

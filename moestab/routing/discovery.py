@@ -15,7 +15,12 @@ from moestab.routing.adapters import (
     missing_router_class,
     unsupported_for,
 )
-from moestab.routing.errors import NotAnMoEModelError, RouterClassMissingError, UnsupportedRoutingError
+from moestab.routing.errors import (
+    NotAnMoEModelError,
+    RouterClassMissingError,
+    TransformersTooOldError,
+    UnsupportedRoutingError,
+)
 from moestab.routing.verify import Probes, verify_router
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -43,12 +48,26 @@ def _model_types(model: nn.Module) -> list[str]:
     return [t for t in types if t]
 
 
+def _refuse_older_releases(model: nn.Module, sites: list[RouterSite]) -> None:
+    """Raise ``TransformersTooOldError`` when a router's family needs a newer transformers than the installed one."""
+    installed = transformers.__version__
+    for adapter in {site.adapter for site in sites}:
+        if adapter.too_old(installed):
+            raise TransformersTooOldError(
+                f"{type(model).__name__} is a {adapter.family} model: moestab's {adapter.family} adapter matches its "
+                f"router from transformers {adapter.min_transformers} on, and transformers {installed} is installed; "
+                f"pip install 'transformers>={adapter.min_transformers}'"
+            )
+
+
 def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
     """Every MoE router of ``model`` in forward order.
 
     Raises ``UnsupportedRoutingError`` for a family whose routing cannot be forced exactly (the reason is in the
     message), ``RouterClassMissingError`` when the model's family is supported but this transformers build lacks
-    the router class moestab expects, ``NotAnMoEModelError`` when there is no router at all, and, with ``verify``,
+    the router class moestab expects, ``TransformersTooOldError`` when the family's adapter needs a newer
+    transformers release (``RouterAdapter.min_transformers``), ``NotAnMoEModelError`` when there is no router at all,
+    and, with ``verify``,
     ``AdapterMismatchError`` when a family's adapter does not reproduce its router (``moestab.routing.verify``).
     """
     sites = []
@@ -84,6 +103,7 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
             f"{type(model).__name__} has no Mixture-of-Experts router that moestab recognises; "
             f"supported families: {', '.join(SUPPORTED_FAMILIES)} (transformers v5 implementations)"
         )
+    _refuse_older_releases(model, sites)
     top_ks = {s.top_k for s in sites}
     if len(top_ks) != 1:
         raise NotAnMoEModelError(f"routers disagree on top_k ({sorted(top_ks)}); mixed top-k is unsupported")

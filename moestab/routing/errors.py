@@ -34,3 +34,8 @@ class UnsupportedRoutingError(NotAnMoEModelError):
 
 class RouterClassMissingError(NotAnMoEModelError):
     """The model's family is supported, but this transformers build has no router class by the expected name."""
+
+
+class TransformersTooOldError(NotAnMoEModelError):
+    """The model's family is supported, but moestab's adapter matches its router only from a newer transformers
+    release than the one installed (``RouterAdapter.min_transformers``); the message names both and what to install."""

@@ -9,7 +9,6 @@ and W&B write under the run folder (``tensorboard/``, ``wandb/``); trackio into 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from moestab.configs import ConfigError
+from moestab.extras import MissingExtraError, require
 from moestab.metrics import keys
 from moestab.records import RunFolder
 
@@ -105,23 +105,24 @@ class _Trackio:
         self.run.finish()
 
 
-TRACKERS: dict[str, tuple[str, Callable[[TrackedRun], Tracker]]] = {
-    "tensorboard": ("tensorboard", _TensorBoard),
-    "wandb": ("wandb", _WandB),
-    "trackio": ("trackio", _Trackio),
+TRACKERS: dict[str, Callable[[TrackedRun], Tracker]] = {
+    "tensorboard": _TensorBoard,
+    "wandb": _WandB,
+    "trackio": _Trackio,
 }
-"""``--report-to`` name -> (the package it needs, its constructor)."""
+"""``--report-to`` name -> its constructor; each name is also the optional extra that installs it
+(``moestab.extras``)."""
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
-    """Raise ``ConfigError`` for an unknown tracker or one whose package is not installed."""
+    """Raise ``ConfigError`` for an unknown tracker or one whose extra is not installed."""
     for name in names:
         if name not in TRACKERS:
             raise ConfigError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")
-        package = TRACKERS[name][0]
-        if importlib.util.find_spec(package) is None:
-            raise ConfigError(f"report_to: {name} needs the package {package!r}, which is not installed; "
-                              f"pip install 'moestab[{name}]' (or drop {name} from --report-to)")
+        try:
+            require(name, f"report_to: {name}")
+        except MissingExtraError as exc:
+            raise ConfigError(f"{exc}; or drop {name} from --report-to") from exc
 
 
 def run_id(created: str, run_dir: Path) -> str:
@@ -135,7 +136,7 @@ def open_trackers(names: tuple[str, ...], run: TrackedRun) -> Iterator[Callable[
     opened: list[Tracker] = []
     try:
         for name in names:
-            opened.append(TRACKERS[name][1](run))
+            opened.append(TRACKERS[name](run))
 
         def log(metrics: dict, step: int) -> None:
             flat = scalars(metrics)

@@ -21,13 +21,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.extras import install_line
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.recording.engine_routes import expert_ids, place_rows, vllm_rows
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
 from moestab.train.distributed import full_state_dict, world_from_env
 
-VLLM_HELP = ("install the optional extra (pip install 'moestab[vllm]', vLLM >= 0.33 on Linux with a CUDA GPU), or use "
+VLLM_HELP = (f"install the optional extra ({install_line('vllm')}, vLLM >= 0.33 on Linux with a CUDA GPU), or use "
              "--rollout-engine hf")
 
 

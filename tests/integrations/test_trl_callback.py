@@ -402,7 +402,8 @@ def test_trl_stays_optional():
     out = run("import sys, moestab, moestab.integrations\nprint('trl' in sys.modules)")
     assert out.returncode == 0 and out.stdout.split() == ["False"]
     out = run("import sys\nsys.modules['trl'] = None\nimport moestab.integrations.trl")
-    assert out.returncode != 0 and "ImportError: moestab.integrations.trl needs TRL: pip install trl" in out.stderr
+    assert out.returncode != 0
+    assert "ImportError: moestab.integrations.trl needs TRL: pip install 'moestab[trl]'" in out.stderr
 
 
 def test_an_incompatible_transformers_is_refused_before_the_run_folder_is_written(tmp_path, monkeypatch):

@@ -4,8 +4,11 @@ The measurements come from ``moestab.models.conformance``, which also writes doc
 (scripts/families_table.py), so the table and these tests cannot disagree.
 """
 
+import dataclasses
+
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from moestab.models.conformance import family_report, tiny_model
@@ -17,6 +20,7 @@ from moestab.routing.errors import (
     NotAnMoEModelError,
     RouterClassMissingError,
     RoutesMismatchError,
+    TransformersTooOldError,
     UnsupportedRoutingError,
 )
 from moestab.routing.gating import Gating
@@ -92,6 +96,26 @@ def test_a_renamed_router_class_is_named_not_reported_as_not_moe(replace_adapter
                                                       r"MellumRouterRenamed \(renamed or removed\?\)"):
         find_routers(model)
     assert issubclass(RouterClassMissingError, NotAnMoEModelError)
+
+
+def test_a_family_is_refused_on_a_transformers_older_than_its_adapter_needs(replace_adapter):
+    model = tiny_model("qwen3_moe")
+    qwen3 = adapters_module.ADAPTERS[0]
+    assert [s.adapter.family for s in find_routers(model)] == ["qwen3_moe"] * 2  # accepted as installed
+    replace_adapter(dataclasses.replace(qwen3, min_transformers="99.0"))
+    with pytest.raises(TransformersTooOldError) as caught:
+        find_routers(model)
+    assert str(caught.value) == (
+        f"Qwen3MoeForCausalLM is a qwen3_moe model: moestab's qwen3_moe adapter matches its router from transformers "
+        f"99.0 on, and transformers {transformers.__version__} is installed; pip install 'transformers>=99.0'")
+    assert isinstance(caught.value, NotAnMoEModelError)  # the probes and the trainer report it as they report those
+
+
+def test_too_old_compares_releases_not_strings():
+    adapter = dataclasses.replace(adapters_module.ADAPTERS[0], min_transformers="5.10.0")
+    assert adapter.too_old("5.9.0") and adapter.too_old("5.10.0rc1")
+    assert not adapter.too_old("5.10.0") and not adapter.too_old("5.24.0")
+    assert not adapters_module.ADAPTERS[0].too_old("0.1")  # no floor: every release moestab installs with
 
 
 def test_an_adapter_that_does_not_reproduce_its_router_is_refused(replace_adapter):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from moestab import extras
 from moestab.configs import ConfigError
 from moestab.records import schema
-from moestab.train import trackers
 from moestab.train.trackers import TrackedRun, check_trackers, open_trackers, run_id, scalars
 
 from .helpers import TASK, tiny_config
@@ -33,9 +33,9 @@ def test_scalars_spread_lists_over_indices_and_drop_nulls():
 def test_unknown_or_missing_trackers_are_refused_before_anything_is_written(tmp_path, cache_dir, monkeypatch):
     with pytest.raises(ConfigError, match="report_to: unknown tracker 'mlflow'; valid: tensorboard, wandb, trackio"):
         check_trackers(("mlflow",))
-    monkeypatch.setitem(trackers.TRACKERS, "wandb", ("no_such_package_moestab", None))
-    with pytest.raises(ConfigError, match=r"report_to: wandb needs the package 'no_such_package_moestab', which is "
-                                          r"not installed; pip install 'moestab\[wandb\]'"):
+    monkeypatch.setitem(extras.EXTRAS, "wandb", ("no_such_package_moestab",))
+    with pytest.raises(ConfigError, match=r"report_to: wandb needs no_such_package_moestab, which `pip install "
+                                          r"moestab` leaves out: pip install 'moestab\[wandb\]'.*; or drop wandb"):
         tiny_config(tmp_path / "run", cache_dir, report_to=("tensorboard", "wandb"))
     assert not (tmp_path / "run").exists()
 

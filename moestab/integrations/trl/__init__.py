@@ -81,7 +81,9 @@ try:
 except ModuleNotFoundError as exc:
     if exc.name != "trl":
         raise
-    raise ImportError("moestab.integrations.trl needs TRL: pip install trl (tested with trl 1.16)") from exc
+    from moestab.extras import install_line
+
+    raise ImportError(f"moestab.integrations.trl needs TRL: {install_line('trl')} (tested with trl 1.16)") from exc
 
 from moestab.integrations.trl.settings import RecordSettings
 from moestab.integrations.trl.trainer import MoestabGRPOTrainer, RoutingRecords, TrlRecords
