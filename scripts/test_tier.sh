@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The fast test tier in a fresh venv at one end of pyproject's declared range (CI runs both; run them yourself to
-# try newer releases before the lock is refreshed).
-#   scripts/test_tier.sh newest   the newest versions the registry serves inside the declared range
-#   scripts/test_tier.sh oldest   the declared lower bounds of transformers, pandas, pyarrow, streamlit and trl
-# torch stays on the version of constraints.txt (the CPU wheel set-up installs) in both tiers. Extra arguments go
+# A test tier in a fresh venv (CI runs all three; run them yourself to try newer releases before the lock is
+# refreshed).
+#   scripts/test_tier.sh newest   the fast tier at the newest versions the registry serves inside the declared range
+#   scripts/test_tier.sh oldest   the fast tier at the declared lower bounds of transformers, pandas, pyarrow,
+#                                 streamlit and trl
+#   scripts/test_tier.sh verl     a trainer's environment: verl 0.9.1 installed first with its own transformers (at
+#                                 the lowest release moestab declares inside verl's range), then moestab's light core
+#                                 (no extra but trl), which must leave torch and transformers as they were; then the
+#                                 importer, diagnostics, verl-recipe (a real DataProto), recorder/replay, TRL and
+#                                 extras tests
+# torch stays on the version of constraints.txt (the CPU wheel set-up installs) in every tier. Extra arguments go
 # to pytest. The venv is .venv-<tier>, made anew each time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier="${1:-}"
 shift || true
 case "$tier" in
-  newest|oldest) ;;
-  *) echo "usage: scripts/test_tier.sh newest|oldest [pytest args]" >&2; exit 2 ;;
+  newest|oldest|verl) ;;
+  *) echo "usage: scripts/test_tier.sh newest|oldest|verl [pytest args]" >&2; exit 2 ;;
 esac
 venv=".venv-$tier"
 pins="$(mktemp)"
@@ -20,10 +26,35 @@ python3 scripts/tier_constraints.py "$tier" > "$pins"
 echo "tier $tier: pins $(tr '\n' ' ' < "$pins")"
 rm -rf "$venv"
 python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade -c "$pins" -e ".[dev]" 2>&1 \
-  | { grep -v "^WARNING: Location" || true; }
-"$venv/bin/python" -c "
-import importlib.metadata as m
-print('tier $tier:', ' | '.join(f'{p} {m.version(p)}' for p in
-      ('torch', 'transformers', 'pandas', 'pyarrow', 'streamlit', 'trl')))"
+pip_install() {  # the grep only hides this machine's pip-config noise; pipefail keeps pip's own exit status
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
+}
+versions() {  # "name version | ..." of the distributions named
+  "$venv/bin/python" -c "import importlib.metadata as m, sys
+print(' | '.join(f'{p} {m.version(p)}' for p in sys.argv[1:]))" "$@"
+}
+if [ "$tier" = verl ]; then
+  # The framework's environment first, as its users have it; then moestab into it, core only.
+  pip_install -r "$pins" pytest
+  before="$(versions torch transformers)"
+  pip_install -e ".[trl]"
+  after="$(versions torch transformers)"
+  echo "tier verl: before moestab: $before | verl $("$venv/bin/python" -c 'import verl; print(verl.__version__)')"
+  if [ "$before" != "$after" ]; then
+    echo "tier verl: installing moestab changed the framework's packages: $before -> $after" >&2
+    exit 1
+  fi
+  "$venv/bin/python" -c "from verl import DataProto"  # the real-DataProto tests below run, not skip
+  for module in streamlit matplotlib; do  # the light core pulled in no screen package
+    if "$venv/bin/python" -c "import $module" 2>/dev/null; then
+      echo "tier verl: moestab's core install brought $module into the trainer's environment" >&2
+      exit 1
+    fi
+  done
+  "$venv/bin/python" -m pytest -m "not slow" -q -p no:cacheprovider -rs \
+    tests/integrations tests/recording tests/routing tests/test_extras.py "$@"
+  exit 0
+fi
+pip_install --upgrade -c "$pins" -e ".[dev]"
+echo "tier $tier: $(versions torch transformers pandas pyarrow streamlit trl)"
 "$venv/bin/python" -m pytest -m "not slow" -q -p no:cacheprovider "$@"

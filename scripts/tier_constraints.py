@@ -3,6 +3,7 @@ so the tiers always test the range the project declares.
 
     python3 scripts/tier_constraints.py newest   # torch as locked; everything else the newest inside the range
     python3 scripts/tier_constraints.py oldest   # torch as locked; the ranged packages at their lower bounds
+    python3 scripts/tier_constraints.py verl     # torch as locked; verl 0.9.1 at the lowest transformers both accept
 """
 
 from __future__ import annotations
@@ -51,15 +52,36 @@ def lower_bound(specifier: str, name: str) -> str:
     return match.group(1)
 
 
+VERL = "0.9.1"
+VERL_TRANSFORMERS = ">=5.5.3,<5.11,!=5.6.0"
+"""verl 0.9.1's declared transformers range (its wheel's metadata, Requires-Dist), checked against pyproject's."""
+
+
+def verl_transformers() -> str:
+    """The lowest transformers release both moestab and verl accept (verl's floor unless moestab's is higher)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    ours = lower_bound(declared()["transformers"], "transformers")
+    lowest = max(Version(ours), Version(lower_bound(VERL_TRANSFORMERS, "verl's transformers")))
+    both = SpecifierSet(VERL_TRANSFORMERS) & SpecifierSet(declared()["transformers"])
+    if str(lowest) not in both:
+        raise SystemExit(f"transformers {lowest}, the lowest release moestab declares, is outside verl {VERL}'s range "
+                         f"{VERL_TRANSFORMERS}: moestab no longer installs beside verl {VERL}")
+    return str(lowest)
+
+
 def tier_pins(tier: str) -> list[str]:
     pins = [f"torch=={locked()['torch']}"]
+    specs = declared()
     if tier == "oldest":
-        specs = declared()
         pins += [f"{name}=={lower_bound(specs[name], name)}" for name in RANGED]
+    elif tier == "verl":
+        pins += [f"verl=={VERL}", f"transformers=={verl_transformers()}", f"trl=={lower_bound(specs['trl'], 'trl')}"]
     return pins
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in ("newest", "oldest"):
-        raise SystemExit("usage: python3 scripts/tier_constraints.py newest|oldest")
+    if len(sys.argv) != 2 or sys.argv[1] not in ("newest", "oldest", "verl"):
+        raise SystemExit("usage: python3 scripts/tier_constraints.py newest|oldest|verl")
     print("\n".join(tier_pins(sys.argv[1])))

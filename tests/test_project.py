@@ -61,16 +61,44 @@ def test_the_declared_range_is_the_tested_range():
     assert locked["transformers"] == TESTED_TRANSFORMERS[1]
     assert set(oldest) == {"torch", *tiers.RANGED}
     assert tiers.tier_pins("newest") == [f"torch=={locked['torch']}"]
+    verl = dict(pin.split("==") for pin in tiers.tier_pins("verl"))  # raises if moestab's range excludes verl's
+    assert verl["verl"] == tiers.VERL and verl["torch"] == locked["torch"]
     for name in ("torch", *tiers.RANGED):  # every locked version lies inside the declared range
         from packaging.specifiers import SpecifierSet
 
         assert locked[name] in SpecifierSet(declared[name]), (name, locked[name], declared[name])
 
 
-def test_ci_runs_both_tiers_and_setup_installs_the_lock():
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "bash scripts/test_tier.sh newest" in ci and "bash scripts/test_tier.sh oldest" in ci
+def test_ci_runs_every_tier_and_the_install_check_and_setup_installs_the_lock():
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    for tier in ("newest", "oldest", "verl"):
+        assert f"bash scripts/test_tier.sh {tier}" in ci
+    assert "python3 scripts/check_installs.py" in ci
     assert "-c constraints.txt" in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_install_check_fails_when_moestab_moves_a_framework_pin():
+    check = _script("check_installs")
+    alone = check.Resolution(True, {"torch": "2.14.0", "transformers": "5.20.2", "vllm": "0.33.0"})
+    assert check.moved(alone, check.Resolution(True, {**alone.versions, "pandas": "3.1.1"})) == []
+    assert check.moved(alone, check.Resolution(True, {**alone.versions, "transformers": "5.24.0"})) == [
+        "transformers 5.20.2 -> 5.24.0"]
+    assert check.moved(alone, check.Resolution(False, {}, "ResolutionImpossible")) == [
+        "does not resolve beside moestab: ResolutionImpossible"]
+    assert check.outside({"torch": "2.11.0", "transformers": "5.6.2"}, {"torch": ">=2.13", "transformers": "<5"}) == [
+        "torch 2.11.0 not in >=2.13", "transformers 5.6.2 not in <5"]
+    # Frameworks the registry does not serve: their pins lie inside the declared ranges today.
+    for framework in check.NOT_ON_PYPI:
+        assert check.outside(framework.pins, check.declared_ranges()) == [], framework.name
 
 
 def test_ruff_is_clean():

@@ -166,6 +166,7 @@ def test_each_line_holds_exactly_the_key_tables_keys_for_trl(recorded):
 
 
 def test_the_dashboard_draws_every_page_of_a_trl_run(recorded, monkeypatch):
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed (a trainer-only environment)")
     from streamlit.testing.v1 import AppTest
 
     app = ROOT / "dashboard" / "app.py"
