@@ -23,28 +23,35 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from moestab.records.route_columns import INT16_MAX_EXPERTS
+
 
 class RouteLayoutError(ValueError):
     """An engine's routes that cannot be placed: the message names the field, the shapes and what was expected."""
 
 
 def check_id_width(dtype: np.dtype, num_experts: int, field: str) -> None:
-    """Refuse a uint8 payload for a model with more than 256 experts: its ids wrapped (vLLM and prime-rl switch to
-    uint16 above 256; verl's older R2 records wrapped ids into uint8)."""
-    if dtype == np.uint8 and num_experts > 256:
-        raise RouteLayoutError(f"{field} is uint8, which cannot hold the ids of {num_experts} experts (ids wrap at "
-                               "256); the engine must send uint16 or wider")
+    """Refuse a payload dtype too narrow for the model's ids: they wrapped (uint8 above 256 experts, where vLLM and
+    prime-rl switch to uint16 and verl's older R2 records wrapped; int8 above 128, NeMo-RL's narrowest carry dtype)."""
+    top = int(np.iinfo(dtype).max)
+    if top < num_experts - 1:
+        raise RouteLayoutError(f"{field} is {np.dtype(dtype).name}, which cannot hold the ids of {num_experts} experts "
+                               f"(ids wrap at {top + 1}); the engine must send a wider dtype")
 
 
 def expert_ids(arr: np.ndarray, field: str, num_experts: int) -> np.ndarray:
-    """``arr`` as int16 expert ids, checked: each in ``0 .. num_experts - 1`` or -1 ("not routed"), and a uint8
-    payload only for up to 256 experts (:func:`check_id_width`)."""
+    """``arr`` as int16 expert ids, checked: each in ``0 .. num_experts - 1`` or -1 ("not routed"), and a dtype wide
+    enough for ``num_experts`` (:func:`check_id_width`); moestab's int16 routes name at most 32768 experts."""
+    if num_experts > INT16_MAX_EXPERTS:
+        raise RouteLayoutError(f"{field}: num_experts={num_experts}, but moestab's int16 routes hold ids 0.."
+                               f"{INT16_MAX_EXPERTS - 1} (at most {INT16_MAX_EXPERTS} experts)")
     check_id_width(arr.dtype, num_experts, field)
     if arr.size:
         low, high = int(arr.min()), int(arr.max())
         if low < -1 or high >= num_experts:
             raise RouteLayoutError(f"{field} {tuple(arr.shape)} holds expert ids {low}..{high}; valid ids are "
-                                   f"0..{num_experts - 1} (num_experts={num_experts}) and -1 for not routed")
+                                   f"0..{num_experts - 1} (num_experts={num_experts}) and -1 for not routed "
+                                   f"(dtype {arr.dtype})")
     return arr.astype(np.int16, copy=False)
 
 

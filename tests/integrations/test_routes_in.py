@@ -166,7 +166,7 @@ def test_sglang_base64_with_start_dtype_and_dense_layers():
     rows = known_rows(1)
     assert_layout(import_routes("sglang", sglang_responses(rows), num_experts=EXPERTS, num_layers=LAYERS,
                                 top_k=TOP_K), rows)
-    imported = import_routes("sglang", sglang_responses(rows, dtype="int16", dense_first=3), num_experts=EXPERTS,
+    imported = import_routes("sglang", sglang_responses(rows, dtype="uint16", dense_first=3), num_experts=EXPERTS,
                              num_layers=LAYERS + 3, top_k=TOP_K, moe_layers=[3, 4])
     assert_layout(imported, rows)
     expected = [seq.copy() for seq in rows]
@@ -357,6 +357,7 @@ def test_prime_rl_packed_micro_batch():
 
 
 def test_the_registry_names_every_framework_and_refuses_others():
-    assert set(IMPORTERS) == {"vllm", "sglang", "verl", "megatron", "nemo-automodel", "prime-rl"}
+    assert set(IMPORTERS) == {"vllm", "sglang", "verl", "megatron", "nemo-automodel", "prime-rl", "nemo-rl", "skyrl",
+                              "tunix", "maxtext", "slime"}
     with pytest.raises(ValueError, match=r"no route importer named 'vlm'; valid: vllm, sglang, verl, megatron"):
         importer("vlm")

@@ -1,4 +1,5 @@
-"""What every importer shares: the result type, the payload error, decoding, id checks and moestab's position layout.
+"""What every importer shares: the result type, the payload error, id checks and moestab's position layout (payload
+decoding: :mod:`moestab.integrations.routes_in.wire`).
 
 moestab's layout of a batch (the one ``moestab train``'s rollout engines produce, docs/run-format.md): sequence ``i``
 with a prompt of ``p_i`` tokens and a response of ``r_i`` tokens sits left-padded on ``P = max p_i`` prompt columns;
@@ -9,8 +10,6 @@ input position whose logits score it: position ``P - 1 + t`` for response token 
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +19,6 @@ import torch
 
 from moestab.recording.engine_routes import RouteLayoutError, check_id_width, expert_ids, place_rows
 from moestab.routing.routes import Routes
-
-ID_LIMIT = np.iinfo(np.int16).max
-"""The largest expert id moestab's int16 routes hold."""
 
 
 class PayloadError(ValueError):
@@ -44,6 +40,17 @@ class ImportedRoutes:
     response_width: int | None = None
     """``R``, when the layout is prompt + response (``P - 1 + R`` positions, response token ``t`` scored at position
     ``P - 1 + t``); None for a layout without that split (Megatron-Core's flat token lists)."""
+
+    @classmethod
+    def of(
+        cls, indices: np.ndarray, scoring: np.ndarray, *, layers: Sequence[int], num_experts: int, source: str,
+        response_width: int | None = None,
+    ) -> ImportedRoutes:
+        """From checked int16 ``indices`` ``[batch, positions, layers, top_k]`` and bool ``scoring`` ``[batch,
+        positions]``."""
+        routes = Routes(indices=torch.from_numpy(np.ascontiguousarray(indices)), layers=tuple(layers),
+                        num_experts=num_experts)
+        return cls(routes=routes, scoring=torch.from_numpy(scoring), source=source, response_width=response_width)
 
     def __post_init__(self) -> None:
         if self.scoring.shape != self.routes.indices.shape[:2]:
@@ -99,38 +106,15 @@ def as_ids(value: Any, field: str) -> np.ndarray:
     return arr
 
 
-def decode_base64(data: str | bytes, dtype: str, field: str) -> np.ndarray:
-    """A flat array of ``dtype`` from base64 text (or raw bytes, passed through); :class:`PayloadError` on bad text,
-    an unknown dtype or a byte count that is not a whole number of items."""
-    try:
-        kind = np.dtype(dtype)
-    except TypeError as exc:
-        raise PayloadError(f"{field}: unknown dtype {dtype!r}") from exc
-    if not np.issubdtype(kind, np.integer):
-        raise PayloadError(f"{field}: dtype {dtype!r} is not an integer type")
-    if isinstance(data, str):
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise PayloadError(f"{field} is not valid base64 ({exc})") from exc
-    elif isinstance(data, bytes | bytearray | memoryview):
-        raw = bytes(data)
-    else:
-        raise PayloadError(f"{field} must be base64 text or bytes, got {type(data).__name__}")
-    if len(raw) % kind.itemsize:
-        raise PayloadError(f"{field}: {len(raw)} bytes is not a whole number of {kind.name} ids")
-    return np.frombuffer(raw, dtype=kind)
-
-
 def checked_ids(
     arr: np.ndarray, field: str, num_experts: int, physical_to_logical: np.ndarray | None = None,
 ) -> np.ndarray:
     """``arr`` as int16 expert ids in ``-1 .. num_experts - 1`` (-1 kept as the "not routed" sentinel).
 
-    A uint8 payload cannot name more than 256 experts (prime-rl and vLLM switch to uint16 above that; verl's older R2
-    records wrapped ids into uint8): refused for a model with more. With ``physical_to_logical`` (``[physical]`` or
-    ``[layers, physical]``, an engine's expert-parallel load-balancing map) ids are physical slots mapped to logical
-    experts first, for an engine that says it returns physical ids.
+    A payload dtype too narrow for the model (uint8 above 256 experts: prime-rl and vLLM switch to uint16 there, verl's
+    older R2 records wrapped; int8 above 128) is refused: its ids wrapped. With ``physical_to_logical``
+    (``[physical]`` or ``[layers, physical]``, an engine's expert-parallel load-balancing map) ids are physical slots
+    mapped to logical experts first, for an engine that says it returns physical ids.
     """
     try:
         check_id_width(arr.dtype, num_experts, field)  # the payload as sent, before any mapping
@@ -193,47 +177,68 @@ def as_mask(value: Any, field: str, shape: tuple[int, ...]) -> np.ndarray:
     return arr.astype(bool)
 
 
+@dataclass(frozen=True)
+class SequenceRows:
+    """One sequence's route rows as its framework sent them, and where they sit in the sequence."""
+
+    rows: np.ndarray
+    """``[n, payload_layers, top_k]`` integer ids of the sequence's positions ``start .. start + n - 1`` (position 0
+    is its first prompt token)."""
+    prompt: int
+    """Prompt tokens."""
+    response: int
+    """Response tokens."""
+    field: str
+    """The payload field the rows came from, for errors."""
+    start: int = 0
+    """The sequence position of the first row (an engine's prompt start, for incremental returns)."""
+    trained: np.ndarray | None = None
+    """bool ``[response]``: the response tokens the trainer trains on (loss mask); None for all of them."""
+
+
 def lay_out(
-    rows: Sequence[np.ndarray],
-    prompt_lens: Sequence[int],
-    response_lens: Sequence[int],
+    sequences: Sequence[SequenceRows],
     *,
-    starts: Sequence[int] | None = None,
-    layers: tuple[int, ...],
     num_experts: int,
     source: str,
-    field: str,
+    moe_layers: Sequence[int] | None = None,
+    physical_to_logical: Any | None = None,
 ) -> ImportedRoutes:
-    """Sequences' routes on moestab's layout (module docstring).
+    """Sequences' routes on moestab's layout (module docstring), their ids checked.
 
-    ``rows[i]`` ``[n_i, layers, top_k]`` int16 (checked) are the routes of sequence ``i``'s own token positions
-    ``starts[i] .. starts[i] + n_i - 1`` (default start 0: from its first prompt token). Positions before the start
-    are unrecorded (-1); rows past its last input position (``p_i + r_i - 2``) are dropped; a sequence whose rows end
-    before it is refused, naming ``field`` and the shapes.
+    Positions before a sequence's start are unrecorded (-1); rows past its last input position (``p + r - 2``) are
+    dropped; a sequence whose rows end before it is refused, naming the field and the shapes. A response token is
+    scored unless its sequence's ``trained`` mask leaves it out.
     """
-    starts = [0] * len(rows) if starts is None else list(starts)
-    width_p, width_r = max(prompt_lens, default=0), max(response_lens, default=0)
+    rows: list[np.ndarray] = []
+    layers: tuple[int, ...] = ()
+    for seq in sequences:
+        if seq.rows.ndim != 3:
+            raise PayloadError(f"{seq.field} must be [tokens, layers, top_k], got shape {list(seq.rows.shape)} "
+                               f"({seq.rows.dtype})")
+        picked, layers = pick_layers(seq.rows, moe_layers, seq.field)
+        rows.append(checked_ids(picked, seq.field, num_experts, physical_to_logical))
+    prompts, responses = [s.prompt for s in sequences], [s.response for s in sequences]
+    width_p, width_r = max(prompts, default=0), max(responses, default=0)
     try:
         # [B, P + R - 1, layers, k], [B, P + R - 1]
-        out, scoring = place_rows(rows, prompt_lens, response_lens, starts=starts, prompt_width=width_p,
-                                  length=width_p + width_r - 1, field=field)
+        out, scoring = place_rows(rows, prompts, responses, starts=[s.start for s in sequences], prompt_width=width_p,
+                                  length=width_p + width_r - 1, field=f"{source} routed_experts")
     except RouteLayoutError as exc:
         raise PayloadError(str(exc)) from exc
-    routes = Routes(indices=torch.from_numpy(out), layers=layers, num_experts=num_experts)
-    return ImportedRoutes(routes=routes, scoring=torch.from_numpy(scoring), source=source, response_width=width_r)
+    for i, seq in enumerate(sequences):
+        if seq.trained is not None:
+            scoring[i, width_p - 1 : width_p - 1 + seq.response] &= seq.trained  # response token t at P - 1 + t
+    return ImportedRoutes.of(out, scoring, layers=layers, num_experts=num_experts, source=source,
+                             response_width=width_r)
 
 
-def encoded_array(value: Any, field: str) -> tuple[np.ndarray, int]:
-    """An id array and its start position from a self-describing payload ``{"data": base64 text or bytes, "shape":
-    [tokens, layers, top_k], "dtype": "uint8" | "uint16" | ..., "start": s}`` (prime-rl's encoding of vLLM's routes;
-    ``start`` 0 when absent), or from a plain array (start 0)."""
-    if not isinstance(value, Mapping) and not hasattr(value, "data"):
-        return as_ids(value, field), 0
-    data = field_of(value, "data", f"{field}.data")
-    shape = [int(x) for x in field_of(value, "shape", f"{field}.shape")]
-    dtype = str(field_of(value, "dtype", f"{field}.dtype"))
-    flat = decode_base64(data, dtype, f"{field}.data")
-    if len(shape) != 3 or int(np.prod(shape)) != flat.size:
-        raise PayloadError(f"{field}: shape {shape} (expected [tokens, layers, top_k]) does not match its data, "
-                           f"{flat.size} {dtype} ids")
-    return flat.reshape(shape), int(field_of(value, "start", f"{field}.start", 0) or 0)
+def refuse_partial_sentinels(ids: np.ndarray, field: str) -> None:
+    """A decision ``[..., top_k]`` is either all -1 ("not routed") or a route: one with only some slots -1 is corrupt
+    (NeMo-RL's replay refuses it too) and would be half counted."""
+    unset = ids < 0
+    partial = unset.any(axis=-1) & ~unset.all(axis=-1)
+    if partial.any():
+        where = [int(x) for x in np.argwhere(partial)[0]]
+        raise PayloadError(f"{field} {list(ids.shape)} ({ids.dtype}) has a decision at {where} that is partly -1 "
+                           f"({ids[tuple(where)].tolist()}); valid: every top_k slot an expert id, or all -1")

@@ -82,8 +82,7 @@ def from_megatron(
     names = tuple(range(stacked.shape[1])) if layers is None else tuple(int(x) for x in layers)
     if len(names) != stacked.shape[1]:
         raise PayloadError(f"{field}: layers lists {len(names)} indices for {stacked.shape[1]} per-layer tensors")
-    routes = Routes(indices=torch.from_numpy(shaped), layers=names, num_experts=num_experts)
-    return ImportedRoutes(routes=routes, scoring=torch.from_numpy(scored), source=source)
+    return ImportedRoutes.of(shaped, scored, layers=names, num_experts=num_experts, source=source)
 
 
 def from_nemo_automodel(per_layer: Sequence[Any], **options: Any) -> ImportedRoutes:

@@ -16,19 +16,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from moestab.integrations.routes_in.common import (
     ImportedRoutes,
     PayloadError,
     as_mask,
     checked_ids,
-    encoded_array,
     field_of,
     pick_layers,
     unrecorded_zero_rows,
 )
-from moestab.routing.routes import Routes
+from moestab.integrations.routes_in.wire import encoded_array
 
 
 def from_prime_rl(
@@ -63,5 +61,4 @@ def from_prime_rl(
         if trained[start]:
             raise PayloadError(f"micro_batch.loss_mask trains token 0 of sample {i}, which no position scores")
         start += n
-    routes = Routes(indices=torch.from_numpy(out), layers=layers, num_experts=num_experts)
-    return ImportedRoutes(routes=routes, scoring=torch.from_numpy(scoring), source="prime-rl")
+    return ImportedRoutes.of(out, scoring, layers=layers, num_experts=num_experts, source="prime-rl")

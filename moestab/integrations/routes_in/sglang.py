@@ -1,13 +1,15 @@
 """SGLang (``--enable-return-routed-experts``, request ``return_routed_experts=True``): per response,
-``meta_info["routed_experts"]``, base64 of a flat array (int32 in SGLang 0.5.23, checked against the installed
-package's ``sglang/srt/state_capturer``; newer versions name it in ``meta_info["routed_experts_dtype"]``), to be
-reshaped to ``[positions, num_layers * top_k]``: one row per position from ``routed_experts_start_len`` (the
-request's start for incremental, multi-turn returns; 0 = the whole sequence) through the penultimate token, and one
-``top_k`` group per decoder layer (``num_hidden_layers``: dense layers' groups are zero; name the MoE layers with
-``moe_layers``). The prompt and response lengths come from ``meta_info["prompt_tokens"]`` and
-``meta_info["completion_tokens"]``.
-"""
+``meta_info["routed_experts"]``, base64 of a flat id array, reshaped to ``[positions, num_layers * top_k]``: one row
+per position from ``routed_experts_start_len`` (the request's start for incremental, multi-turn returns; 0 = the
+whole sequence) through the penultimate token, and one ``top_k`` group per decoder layer (``num_hidden_layers``: dense
+layers' groups are zero; name the MoE layers with ``moe_layers``). The prompt and response lengths come from
+``meta_info["prompt_tokens"]`` and ``meta_info["completion_tokens"]``.
 
+The array's dtype: int32 in SGLang 0.5.23 (checked against the installed package's ``sglang/srt/state_capturer``);
+with SGLang's wire encoding (``state_capturer/routed_experts_wire.py``, PR #31219) ``meta_info["routed_experts_dtype"]``
+names it, ``int32``, ``uint16`` or ``uint8`` (the server's ``SGLANG_ROUTED_EXPERTS_DTYPE``, falling back to int32
+when the narrower type cannot hold every id); a payload without the field is int32. Any other name is refused.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,15 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from moestab.integrations.routes_in.common import (
-    ImportedRoutes,
-    PayloadError,
-    checked_ids,
-    decode_base64,
-    field_of,
-    lay_out,
-    pick_layers,
-)
+from moestab.integrations.routes_in.common import ImportedRoutes, PayloadError, SequenceRows, field_of, lay_out
+from moestab.integrations.routes_in.wire import decode_base64, wire_dtype
+
+WIRE_DTYPES = ("int32", "uint16", "uint8")
+"""What ``meta_info["routed_experts_dtype"]`` may name (SGLang's ``routed_experts_wire.py``); absent means int32."""
 
 
 def response_rows(response: Any, i: int, *, num_layers: int, top_k: int) -> tuple[np.ndarray, int, int, int]:
@@ -34,7 +32,9 @@ def response_rows(response: Any, i: int, *, num_layers: int, top_k: int) -> tupl
     if data is None:
         raise PayloadError(f"{where}.routed_experts is None: the request was sent without return_routed_experts=True "
                            "or the server without --enable-return-routed-experts")
-    dtype = str(field_of(meta, "routed_experts_dtype", "", "int32"))
+    named = field_of(meta, "routed_experts_dtype", "", None)
+    dtype = wire_dtype("int32" if named is None else str(named).strip().lower(), f"{where}.routed_experts_dtype",
+                       WIRE_DTYPES)
     start = int(field_of(meta, "routed_experts_start_len", "", 0) or 0)
     prompt = int(field_of(meta, "prompt_tokens", f"{where}.prompt_tokens"))
     completion = int(field_of(meta, "completion_tokens", f"{where}.completion_tokens"))
@@ -42,8 +42,8 @@ def response_rows(response: Any, i: int, *, num_layers: int, top_k: int) -> tupl
     width = num_layers * top_k
     expected = prompt + completion - 1 - start
     if flat.size != expected * width:
-        raise PayloadError(f"{where}.routed_experts holds {flat.size} {dtype} ids; [positions, num_layers * top_k] = "
-                           f"[{expected}, {num_layers} * {top_k}] needs {expected * width} ({prompt} prompt + "
+        raise PayloadError(f"{where}.routed_experts holds {flat.size} {dtype.name} ids; [positions, num_layers * "
+                           f"top_k] = [{expected}, {num_layers} * {top_k}] needs {expected * width} ({prompt} prompt + "
                            f"{completion} completion tokens - 1 - start {start})")
     return flat.reshape(expected, num_layers, top_k), start, prompt, completion
 
@@ -67,15 +67,9 @@ def from_sglang(
         moe_layers: the layer groups that are MoE layers (default: all).
         physical_to_logical: ``[physical]`` or ``[layers, physical]`` map, only for physical ids.
     """
-    rows, starts, prompts, completions = [], [], [], []
-    layers: tuple[int, ...] = ()
+    sequences = []
     for i, response in enumerate(responses):
         raw, start, p, r = response_rows(response, i, num_layers=num_layers, top_k=top_k)
-        field = f"responses[{i}].meta_info.routed_experts"
-        picked, layers = pick_layers(raw, moe_layers, field)
-        rows.append(checked_ids(picked, field, num_experts, physical_to_logical))
-        starts.append(start)
-        prompts.append(p)
-        completions.append(r)
-    return lay_out(rows, prompts, completions, starts=starts, layers=layers, num_experts=num_experts, source="sglang",
-                   field="sglang routed_experts")
+        sequences.append(SequenceRows(raw, p, r, f"responses[{i}].meta_info.routed_experts", start))
+    return lay_out(sequences, num_experts=num_experts, source="sglang", moe_layers=moe_layers,
+                   physical_to_logical=physical_to_logical)

@@ -18,15 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from moestab.integrations.routes_in.common import (
-    ImportedRoutes,
-    PayloadError,
-    checked_ids,
-    encoded_array,
-    field_of,
-    lay_out,
-    pick_layers,
-)
+from moestab.integrations.routes_in.common import ImportedRoutes, PayloadError, SequenceRows, field_of, lay_out
+from moestab.integrations.routes_in.wire import encoded_array
 from moestab.recording.engine_routes import RouteLayoutError, vllm_rows
 
 
@@ -76,17 +69,9 @@ def from_vllm(
         prompt_start: the ``routed_experts_prompt_start`` the requests were sent with (one-array layout).
         physical_to_logical: ``[physical]`` or ``[layers, physical]`` map, only for physical ids.
     """
-    rows, starts, prompts, responses = [], [], [], []
-    layers: tuple[int, ...] = ()
+    sequences = []
     for i, request in enumerate(requests):
         raw, start, p, r = request_rows(request, i, completion=completion, prompt_start=prompt_start)
-        field = f"requests[{i}] routed experts"
-        if raw.ndim != 3:
-            raise PayloadError(f"{field} must be [tokens, layers, top_k], got shape {list(raw.shape)}")
-        picked, layers = pick_layers(raw, moe_layers, field)
-        rows.append(checked_ids(picked, field, num_experts, physical_to_logical))
-        starts.append(start)
-        prompts.append(p)
-        responses.append(r)
-    return lay_out(rows, prompts, responses, starts=starts, layers=layers, num_experts=num_experts, source="vllm",
-                   field="vllm routed_experts")
+        sequences.append(SequenceRows(raw, p, r, f"requests[{i}] routed experts", start))
+    return lay_out(sequences, num_experts=num_experts, source="vllm", moe_layers=moe_layers,
+                   physical_to_logical=physical_to_logical)
