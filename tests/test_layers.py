@@ -12,7 +12,7 @@ PACKAGE = ROOT / "moestab"
 
 LAYERS: dict[str, int] = {
     # 0: foundations (``moestab/__init__.py`` holds only the version)
-    "__init__": 0, "text": 0, "charset": 0,
+    "__init__": 0, "text": 0, "charset": 0, "extras": 0,
     # 1: typed configs and their shared rules; the run folder's layout, writers and readers
     "configs": 1, "records": 1,
     # 2: the metric definitions (numpy) and the table of metrics.jsonl keys

@@ -48,16 +48,15 @@ def _model_types(model: nn.Module) -> list[str]:
     return [t for t in types if t]
 
 
-def _refuse_older_releases(model: nn.Module, sites: list[RouterSite]) -> None:
-    """Raise ``TransformersTooOldError`` when a router's family needs a newer transformers than the installed one."""
+def _refuse_if_too_old(model: nn.Module, adapter: RouterAdapter) -> None:
+    """Raise ``TransformersTooOldError`` when ``adapter``'s family needs a newer transformers than the installed one."""
     installed = transformers.__version__
-    for adapter in {site.adapter for site in sites}:
-        if adapter.too_old(installed):
-            raise TransformersTooOldError(
-                f"{type(model).__name__} is a {adapter.family} model: moestab's {adapter.family} adapter matches its "
-                f"router from transformers {adapter.min_transformers} on, and transformers {installed} is installed; "
-                f"pip install 'transformers>={adapter.min_transformers}'"
-            )
+    if adapter.too_old(installed):
+        raise TransformersTooOldError(
+            f"{type(model).__name__} is a {adapter.family} model: moestab's {adapter.family} adapter matches its "
+            f"router from transformers {adapter.min_transformers} on, and transformers {installed} is installed; "
+            f"pip install 'transformers>={adapter.min_transformers}'"
+        )
 
 
 def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
@@ -67,8 +66,8 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
     message), ``RouterClassMissingError`` when the model's family is supported but this transformers build lacks
     the router class moestab expects, ``TransformersTooOldError`` when the family's adapter needs a newer
     transformers release (``RouterAdapter.min_transformers``), ``NotAnMoEModelError`` when there is no router at all,
-    and, with ``verify``,
-    ``AdapterMismatchError`` when a family's adapter does not reproduce its router (``moestab.routing.verify``).
+    and, with ``verify``, ``AdapterMismatchError`` when a family's adapter does not reproduce its router
+    (``moestab.routing.verify``).
     """
     sites = []
     # Runs each time a recorder or replay is built, i.e. around every forward of a trainer: the model's classes are
@@ -84,6 +83,8 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
                     f"replay exactly: {unsupported.reason} (module {name})"
                 )
             adapters[kind] = adapter_for(module)
+            if adapters[kind] is not None:  # before its attributes are read: an older release may lack them
+                _refuse_if_too_old(model, adapters[kind])
         adapter = adapters[kind]
         if adapter is None:
             continue
@@ -94,6 +95,7 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
         for model_type in _model_types(model):
             adapter = missing_router_class(model_type)
             if adapter is not None:
+                _refuse_if_too_old(model, adapter)  # an older release, before the class had this name
                 raise RouterClassMissingError(
                     f"{type(model).__name__} is a {adapter.family} model, a family moestab supports, but transformers "
                     f"{transformers.__version__} has no router class {adapter.router_class} (renamed or removed?); "
@@ -103,7 +105,6 @@ def find_routers(model: nn.Module, *, verify: bool = True) -> list[RouterSite]:
             f"{type(model).__name__} has no Mixture-of-Experts router that moestab recognises; "
             f"supported families: {', '.join(SUPPORTED_FAMILIES)} (transformers v5 implementations)"
         )
-    _refuse_older_releases(model, sites)
     top_ks = {s.top_k for s in sites}
     if len(top_ks) != 1:
         raise NotAnMoEModelError(f"routers disagree on top_k ({sorted(top_ks)}); mixed top-k is unsupported")
