@@ -87,12 +87,13 @@ def finish(frame: Frame, fields: Fields) -> Recorded:
     def stacked(per_layer: list[torch.Tensor | None]) -> torch.Tensor:
         """``layers x [N, d] -> [kept, seq, layers, d]`` in one copy (plus the row gather when sampling)."""
         t = torch.stack(per_layer, dim=1).view(call.batch, call.seq, layers, -1)  # [batch, seq, layers, d]
-        return t if rows is None else t[rows.to(t.device)]
+        return t if rows is None else t[rows.to(t.device, non_blocking=True)]
 
     chosen = stacked(frame.chosen)  # [kept, seq, layers, top_k] in the routers' own dtype
     real = call.attention_mask  # [batch, seq] bool
     if real is not None and rows is not None:
-        real = real[rows.to(real.device)]  # [kept, seq]
+        # rows live on the host: a blocking copy to the GPU would wait for it (moestab.routing.host_sync).
+        real = real[rows.to(real.device, non_blocking=True)]  # [kept, seq]
     if not fields.extras:
         return Recorded(chosen.to(INDEX_DTYPE), real)
     with torch.no_grad():  # selection scores may carry a bias parameter's graph

@@ -26,7 +26,9 @@ class RoutingReplay:
     recorded one up to the experts' own numerics, and the router is frozen for it (gates and router
     logits detached, so not even a load-balancing loss reaches it). Padding positions (attention
     mask 0) keep the router's own choice. Routes that do not fit a forward (batch, length, layers,
-    experts, or a missing route at a real token) raise ``RoutesMismatchError``; there is no fallback. ``verify``
+    experts, or a missing route at a real token) raise ``RoutesMismatchError``; there is no fallback. The hooks never
+    wait for the device (``moestab.routing.host_sync``): a missing route is noted on the device and raised when the
+    context exits (unless its body raised). ``verify``
     checks every router against its family's adapter first (``moestab.routing.verify``); code that already checked
     this model passes False.
 
@@ -84,6 +86,7 @@ class RoutingReplay:
         self._replayed = self._replaced = 0  # slots, summed over the forwards (tensors while inside)
         self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
         self._forced_gates: torch.Tensor | None = None  # [batch*seq, layers, top_k] float32, with force_gates
+        self._missing: torch.Tensor | None = None  # [batch, seq] bool: real positions without a route, so far
         self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> RoutingReplay:
@@ -101,11 +104,14 @@ class RoutingReplay:
             self._handles.append(site.module.register_forward_hook(self._router_hook(ordinal, site), prepend=True))
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self._forced = self._forced_gates = None
+        missing, self._missing = self._missing, None
+        if exc_type is None and missing is not None:
+            _check_covered(missing)  # the one wait for the device, once per context instead of once per forward
 
     @property
     def replayed_slots(self) -> int:
@@ -138,12 +144,8 @@ class RoutingReplay:
             else call.attention_mask.to(indices.device)
         )  # [batch, seq]
         missing = real & self._unrouted  # [batch, seq]
-        if bool(missing.any()):
-            b, s = (int(v) for v in missing.nonzero()[0])
-            raise RoutesMismatchError(
-                f"{int(missing.sum())} real (unpadded) positions have no route, first at "
-                f"[batch={b}, seq={s}]; routes must cover every token with attention_mask 1"
-            )
+        # Kept on the device and checked at exit: bool() here would make every forward wait for the GPU.
+        self._missing = missing if self._missing is None else self._missing | missing  # [batch, seq]
         forced = indices.masked_fill(~real[:, :, None, None], -1)
         self._forced = forced.flatten(0, 1)  # [batch*seq, layers, top_k]
 
@@ -177,6 +179,16 @@ class RoutingReplay:
             return adapter.write(output, logits.detach(), frozen, chosen)
 
         return hook
+
+
+def _check_covered(missing: torch.Tensor) -> None:
+    """The forwards' real positions all had a route (``missing [batch, seq]``: those that had none)."""
+    if bool(missing.any()):
+        b, s = (int(v) for v in missing.nonzero()[0])
+        raise RoutesMismatchError(
+            f"{int(missing.sum())} real (unpadded) positions have no route, first at "
+            f"[batch={b}, seq={s}]; routes must cover every token with attention_mask 1"
+        )
 
 
 def _check_gates(routes: Routes) -> None:
