@@ -98,8 +98,9 @@ def moved(alone: Resolution, together: Resolution) -> list[str]:
         return [f"the framework alone does not resolve: {alone.error}"]
     if not together.ok:
         return [f"does not resolve beside moestab: {together.error}"]
-    return [f"{name} {alone.versions.get(name, '-')} -> {together.versions.get(name, '-')}" for name in WATCHED
-            if alone.versions.get(name) != together.versions.get(name)]
+    # A watched package the framework does not install at all (Megatron-Core has no transformers) is moestab's to add.
+    return [f"{name} {alone.versions[name]} -> {together.versions.get(name, '-')}" for name in WATCHED
+            if name in alone.versions and alone.versions[name] != together.versions.get(name)]
 
 
 def declared_ranges() -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
 
 
-def render(reports, unsupported, version: str, seconds: float) -> str:
+def render(reports, unsupported, version: str, seconds: float, floors: dict[str, str], lowest: str) -> str:
     lines = [
         "# MoE families",
         "",
@@ -34,17 +34,21 @@ def render(reports, unsupported, version: str, seconds: float) -> str:
         "(exactly 0 = bitwise); *other routes* the same against replayed other routes (> 0: replay forces); "
         "*router grad* max difference of the router's gradient under replay vs free (its norm in brackets: the "
         "router still learns under replay); *generate* share of router decisions that differ between `generate()` "
-        "with a KV cache and one full forward.",
+        "with a KV cache and one full forward; *from transformers* the oldest release whose router moestab's adapter "
+        f"matches (`RouterAdapter.min_transformers`; on an older one the family is refused at load), where that is "
+        f"newer than pyproject's lower bound, {lowest} (docs/versions.md: found by running these tests at each "
+        "release).",
         "",
-        "| family | router | selection | gates | MoE layers | replay diff | other routes | router grad | generate |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| family | router | selection | gates | MoE layers | replay diff | other routes | router grad | generate "
+        "| from transformers |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         layers = f"{list(r.moe_layers)} of {r.num_layers}"
         replay = "0 (bitwise)" if r.replay_bitwise else f"{r.replay_max_diff:.1e}"
         lines.append(f"| {r.family} | `{r.router}` | {r.selection} | {r.gating} | {layers} | {replay} | "
                      f"{r.replay_other_diff:.2g} | {r.grad_max_diff:.1g} ({r.grad_norm:.2g}) | "
-                     f"{r.generate_mismatch:.0%} |")
+                     f"{r.generate_mismatch:.0%} | {floors.get(r.family) or lowest} |")
     lines += [
         "",
         "Notes: PhiMoE's SparseMixer samples experts with Gumbel noise in training mode, so replay is exact in eval "
@@ -82,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from moestab.models.conformance import family_report
-    from moestab.routing.adapters import SUPPORTED_FAMILIES, UNSUPPORTED
+    from moestab.routing.adapters import ADAPTERS, SUPPORTED_FAMILIES, UNSUPPORTED
+    from moestab.routing.compat import TESTED_TRANSFORMERS
 
     if args.check:
         text = DOC.read_text(encoding="utf-8")
@@ -90,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         expected = set(SUPPORTED_FAMILIES) | {u.family for u in UNSUPPORTED}
         if listed != expected:
             print(f"docs/families.md is stale: missing {sorted(expected - listed)}, extra {sorted(listed - expected)}")
+            return 1
+        shown = {cells[1].strip(): cells[-2].strip() for line in text.splitlines()
+                 if line.startswith("| ") and len(cells := line.split("|")) == 12}
+        wanted = {a.family: a.min_transformers or TESTED_TRANSFORMERS[0] for a in ADAPTERS}
+        if {f: shown.get(f) for f in wanted} != wanted:
+            print("docs/families.md is stale: its 'from transformers' column differs from the adapters' floors")
             return 1
         return 0
     hf_logging.set_verbosity_error()
@@ -100,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(family_report(family))
         print(f"{family}: measured", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
-    DOC.write_text(render(reports, UNSUPPORTED, transformers.__version__, seconds), encoding="utf-8")
+    floors = {a.family: a.min_transformers for a in ADAPTERS}
+    lowest = TESTED_TRANSFORMERS[0]
+    DOC.write_text(render(reports, UNSUPPORTED, transformers.__version__, seconds, floors, lowest), encoding="utf-8")
     print(f"wrote {DOC} ({len(reports)} families, {seconds:.0f} s)")
     return 0
 

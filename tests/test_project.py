@@ -78,10 +78,13 @@ def test_ci_runs_every_tier_and_the_install_check_and_setup_installs_the_lock():
 
 
 def _script(name: str):
+    """A script of scripts/ as a module (registered first: its dataclasses look their module up by name)."""
     import importlib.util
+    import sys
 
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -92,6 +95,9 @@ def test_the_install_check_fails_when_moestab_moves_a_framework_pin():
     assert check.moved(alone, check.Resolution(True, {**alone.versions, "pandas": "3.1.1"})) == []
     assert check.moved(alone, check.Resolution(True, {**alone.versions, "transformers": "5.24.0"})) == [
         "transformers 5.20.2 -> 5.24.0"]
+    megatron = check.Resolution(True, {"torch": "2.15.0"})  # a framework without transformers: moestab adds it
+    assert check.moved(megatron, check.Resolution(True, {"torch": "2.15.0", "transformers": "5.24.0"})) == []
+    assert check.moved(megatron, check.Resolution(True, {"torch": "2.13.0"})) == ["torch 2.15.0 -> 2.13.0"]
     assert check.moved(alone, check.Resolution(False, {}, "ResolutionImpossible")) == [
         "does not resolve beside moestab: ResolutionImpossible"]
     assert check.outside({"torch": "2.11.0", "transformers": "5.6.2"}, {"torch": ">=2.13", "transformers": "<5"}) == [

@@ -185,6 +185,7 @@ def test_without_trls_pi_old_the_replayed_side_is_the_update_itself(tmp_path):
         assert line[keys.ROUTING_SHARE_VAR] == 0.0 and line[keys.ROUTING_SHARE_LOG_VAR_REPLAYED] == 0.0
 
 
+@pytest.mark.families("phimoe")
 def test_a_family_that_cannot_replay_in_training_mode_is_refused(tmp_path):
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)

@@ -50,6 +50,7 @@ def test_family_records_and_replays_exactly(family):
     assert report.moe_layers and report.num_layers >= len(report.moe_layers)
 
 
+@pytest.mark.families("glm4_moe", "jamba", "nemotron_h")
 def test_dense_first_layers_and_hybrid_stacks_map_to_decoder_layers():
     # DeepSeek-V3 style: one dense first layer; Jamba: experts in every layer of an attention / Mamba stack;
     # Nemotron-H: MoE only in the "E" layers of a Mamba / MoE / attention pattern.
@@ -86,6 +87,7 @@ def replace_adapter(monkeypatch):
     adapters_module._adapters_by_type.cache_clear()
 
 
+@pytest.mark.families("mellum")
 def test_a_renamed_router_class_is_named_not_reported_as_not_moe(replace_adapter):
     model = tiny_model("mellum")
     replace_adapter(adapters_module.RouterAdapter(
@@ -129,6 +131,7 @@ def test_an_adapter_that_does_not_reproduce_its_router_is_refused(replace_adapte
         find_routers(model)
 
 
+@pytest.mark.families("phimoe")
 def test_verification_leaves_the_global_rng_and_training_mode_alone():
     model = tiny_model("phimoe").train()  # PhiMoE samples with Gumbel noise in training mode
     torch.manual_seed(5)
@@ -139,6 +142,7 @@ def test_verification_leaves_the_global_rng_and_training_mode_alone():
     assert all(m.training for m in model.modules())
 
 
+@pytest.mark.families("phimoe")
 def test_phimoe_replay_is_refused_in_training_mode_and_exact_in_eval_mode():
     model = tiny_model("phimoe")
     ids = torch.randint(3, 100, (2, 6))
@@ -162,15 +166,15 @@ def test_docs_families_lists_every_family():
     assert module.main(["--check"]) == 0, "run scripts/families_table.py"
 
 
-def test_every_family_builds_as_the_embedded_policy():
+@pytest.mark.parametrize("family", ALL)
+def test_every_family_builds_as_the_embedded_policy(family):
     # `--model embedded:family=NAME` accepts every family: its default shape (4 layers, hidden 128) builds and runs.
     from moestab.models import EmbeddedModelSpec, build_embedded_policy
 
-    for family in ALL:
-        model, tokenizer = build_embedded_policy(EmbeddedModelSpec(family=family))
-        ids = tokenizer(["12+34="], return_tensors="pt").input_ids
-        with torch.no_grad():
-            assert torch.isfinite(model(input_ids=ids).logits).all(), family
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(family=family))
+    ids = tokenizer(["12+34="], return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all(), family
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -187,6 +191,7 @@ def test_family_replays_exactly_in_bfloat16_with_selection_biases(family):
         assert torch.equal(model(input_ids=ids).logits, free), family
 
 
+@pytest.mark.families("lfm2_moe")
 def test_lfm2_moe_without_expert_bias_ranks_by_sigmoid_alone():
     model = tiny_model("lfm2_moe", use_expert_bias=False)
     ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))

@@ -214,6 +214,7 @@ def test_gates_survive_generate_with_kv_cache(family, model):
     assert bool(generated.gates[~real].isnan().all())
 
 
+@pytest.mark.families("deepseek_v3")
 def test_routes_methods_carry_gates():
     model = make_model("deepseek_v3")
     ids, mask = batch(batch_size=2, seq=6, padding="none")

@@ -50,6 +50,7 @@ def test_sequence_fraction_keeps_a_reproducible_subset():
     assert torch.equal(runs[0].indices, full.routes.indices[rows])
 
 
+@pytest.mark.families("deepseek_v3")
 def test_layer_subset_and_bad_layer():
     model = make_model("deepseek_v3")  # MoE layers are decoder layers 1 and 2 (layer 0 is dense)
     assert [s.layer for s in find_routers(model)] == [1, 2]

@@ -188,6 +188,7 @@ def test_every_field_equals_the_reference_over_two_forwards(family, dtype, paddi
 @pytest.mark.parametrize("options", [{}, {"margin": False, "entropy": False}, {"gates": True, "entropy": False},
                                      {"slot_scores": True, "margin": False}, {"router_logprobs": True}],
                          ids=["default", "routes-only", "gates", "slot-scores", "logprobs"])
+@pytest.mark.families("deepseek_v3")
 def test_each_combination_of_fields_equals_the_reference(options):
     model = make_model("deepseek_v3", dtype=torch.float32)  # selection scores are not the logits: both are kept
     ids, mask = batch()

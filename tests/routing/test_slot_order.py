@@ -136,6 +136,7 @@ def deepseek_probe_scores(model, ids, mask) -> torch.Tensor:
     )
 
 
+@pytest.mark.families("deepseek_v3")
 def test_saturation_top1_reads_the_best_expert_on_deepseek_v3():
     from moestab.analysis.saturation import router_saturation
     from moestab.probes.collect import record_batches
@@ -169,6 +170,7 @@ def test_saturation_top1_reads_the_best_expert_on_deepseek_v3():
     assert table.saturation_top1.tolist() == pytest.approx(expected.tolist(), abs=1e-12)
 
 
+@pytest.mark.families("deepseek_v3")
 def test_generate_records_the_same_scores_and_ranking_as_teacher_forcing_on_deepseek_v3():
     model = make_wide_model("deepseek_v3")
     ids, mask = batch(padding="left", seq=8)

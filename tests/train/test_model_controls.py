@@ -61,15 +61,16 @@ def test_dense_and_fine_grained_use_the_defaults_active_parameters_per_token():
     assert (default["router"], dense["router"], fine["router"]) == (4 * 128 * 8, 4 * 128 * 1, 4 * 128 * 64)
 
 
-def test_router_parameters_are_the_gates_and_trained_biases_only():
+@pytest.mark.parametrize("family, expected", [("qwen3_moe", {"weight"}), ("deepseek_v3", {"weight"}),
+                                               ("afmoe", {"expert_bias"})])
+def test_router_parameters_are_the_gates_and_trained_biases_only(family, expected):
     from transformers import AutoModelForCausalLM
 
-    for family, expected in (("qwen3_moe", {"weight"}), ("deepseek_v3", {"weight"}), ("afmoe", {"expert_bias"})):
-        model = AutoModelForCausalLM.from_config(tiny_config(family, hidden_size=32))
-        names = {id(p): n for n, p in model.named_parameters()}
-        found = [names[id(p)] for p in router_parameters(model)]
-        assert found and not any(".experts." in n for n in found), (family, found)
-        assert expected <= {n.rpartition(".")[2] for n in found}, (family, found)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, hidden_size=32))
+    names = {id(p): n for n, p in model.named_parameters()}
+    found = [names[id(p)] for p in router_parameters(model)]
+    assert found and not any(".experts." in n for n in found), (family, found)
+    assert expected <= {n.rpartition(".")[2] for n in found}, (family, found)
 
 
 def _weights(run, step: int) -> dict[str, torch.Tensor]:

@@ -190,7 +190,7 @@ def test_a_run_whose_every_advantage_is_zero_stops_and_says_what_to_change(tmp_p
     assert json.loads((other / schema.RUN_JSON).read_text())["status"] == "finished"
 
 
-def test_router_aux_loss_is_added_in_the_updates_and_refused_where_a_family_has_none(tmp_path, cache_dir):
+def test_router_aux_loss_is_added_in_the_updates(tmp_path, cache_dir):
     plain, balanced = tmp_path / "plain", tmp_path / "balanced"
     train(tiny_config(plain, cache_dir, steps=1, minibatches=1), **QUIET)  # one update: both from the same weights
     train(tiny_config(balanced, cache_dir, steps=1, minibatches=1, router_aux_loss_coef=0.5), **QUIET)
@@ -205,6 +205,9 @@ def test_router_aux_loss_is_added_in_the_updates_and_refused_where_a_family_has_
     assert b["loss/objective/policy_loss"] == pytest.approx(p["loss/objective/policy_loss"], rel=1e-6)
     assert b["loss"] != p["loss"]
 
+
+@pytest.mark.families("deepseek_v3")
+def test_router_aux_loss_is_refused_where_a_family_has_none(tmp_path, cache_dir):
     from transformers import AutoModelForCausalLM
 
     from moestab.models import build_char_tokenizer, save_policy

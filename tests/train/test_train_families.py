@@ -47,6 +47,7 @@ def test_train_with_rollout_replay_on_a_saved_checkpoint(tmp_path, family, capsy
     assert all(m["routing/rollout_old/router_flip"] == 0.0 for m in metrics)
 
 
+@pytest.mark.families("phimoe")
 def test_phimoe_with_replay_is_refused_before_anything_is_written(tmp_path, capsys):
     model = save_checkpoint(tmp_path / "model", "phimoe")
     assert main(train_args(model, tmp_path / "run", "rollout")) == 2
