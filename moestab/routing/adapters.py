@@ -146,11 +146,31 @@ V3_GATES = Gating("sigmoid", renorm="norm_topk_prob", eps=1e-20, scale="routed_s
 V3_SELECTION = Selection("sigmoid", bias="e_score_correction_bias", groups=True)
 
 
+TRANSFORMERS_FLOORS: dict[str, str] = {
+    "laguna": "5.7.0",
+    "mellum": "5.10.4",
+    "cohere2_moe": "5.13.1", "deepseek_v2": "5.13.1", "deepseek_v3": "5.13.1", "deepseek_v32": "5.13.1",
+    "dots1": "5.13.1", "ernie4_5_moe": "5.13.1", "exaone_moe": "5.13.1", "glm4_moe": "5.13.1",
+    "glm_moe_dsa": "5.13.1", "hunyuan_v1_moe": "5.13.1", "lfm2_moe": "5.13.1", "mimo_v2_flash": "5.13.1",
+    "nemotron_h": "5.13.1", "phimoe": "5.13.1", "solar_open": "5.13.1",
+    "axk1": "5.15.1", "axk2": "5.15.1", "glm4_moe_lite": "5.15.1", "granitemoe_swa": "5.15.1",
+    "hy_v4": "5.17.0", "kimi_linear": "5.17.0",
+    "longcat_flash": "5.19.0",
+    "bailing_hybrid": "5.20.2", "kolibri1": "5.20.2",
+    "aria_text": "5.21.1", "granitemoe": "5.21.1", "granitemoehybrid": "5.21.1", "granitemoeshared": "5.21.1",
+    "jamba": "5.21.1",
+}
+"""Family -> the oldest transformers release from which its tests pass at every release run (where that is newer than
+pyproject's lower bound): ``RouterAdapter.min_transformers``. Found by scripts/bisect_versions.py, one fresh venv per
+release; the releases run and each family's outcome at each are in docs/versions.md. Below its floor a family's router
+returns another output (logits only, or probabilities), lacks the attributes its adapter reads, or is absent."""
+
+
 def _r(family: str, router: str, gates: GateFn = SOFTMAX_NORM_TOPK, selection: ScoreFn = BY_LOGIT,
        module: str | None = None, **extra: Any) -> RouterAdapter:
     package = module or family
     return RouterAdapter(family, f"transformers.models.{package}.modeling_{package}.{router}", gates, selection,
-                         **extra)
+                         min_transformers=TRANSFORMERS_FLOORS.get(family), **extra)
 
 
 ADAPTERS: tuple[RouterAdapter, ...] = (

@@ -113,6 +113,17 @@ def test_a_family_is_refused_on_a_transformers_older_than_its_adapter_needs(repl
     assert isinstance(caught.value, NotAnMoEModelError)  # the probes and the trainer report it as they report those
 
 
+def test_family_floors_name_supported_families_above_the_declared_floor():
+    from packaging.version import Version
+
+    from moestab.routing.compat import TESTED_TRANSFORMERS
+
+    assert set(adapters_module.TRANSFORMERS_FLOORS) <= set(ALL)
+    for family, floor in adapters_module.TRANSFORMERS_FLOORS.items():
+        assert Version(floor) > Version(TESTED_TRANSFORMERS[0]), family  # else the declared floor already says it
+        assert next(a for a in adapters_module.ADAPTERS if a.family == family).min_transformers == floor
+
+
 def test_too_old_compares_releases_not_strings():
     adapter = dataclasses.replace(adapters_module.ADAPTERS[0], min_transformers="5.10.0")
     assert adapter.too_old("5.9.0") and adapter.too_old("5.10.0rc1")
