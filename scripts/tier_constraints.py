@@ -54,21 +54,21 @@ def lower_bound(specifier: str, name: str) -> str:
 
 VERL = "0.9.1"
 VERL_TRANSFORMERS = ">=5.5.3,<5.11,!=5.6.0"
-"""verl 0.9.1's declared transformers range (its wheel's metadata, Requires-Dist), checked against pyproject's."""
+"""verl 0.9.1's declared transformers range (its wheel's metadata, Requires-Dist)."""
+VERL_TIER_TRANSFORMERS = "5.6.1"
+"""The lowest transformers release both moestab and verl 0.9.1 accept (moestab's floor, 5.6.0, is one verl excludes);
+checked against both ranges whenever the tier's pins are printed."""
 
 
 def verl_transformers() -> str:
-    """The lowest transformers release both moestab and verl accept (verl's floor unless moestab's is higher)."""
+    """:data:`VERL_TIER_TRANSFORMERS`, after checking that both verl and pyproject accept it."""
     from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
 
-    ours = lower_bound(declared()["transformers"], "transformers")
-    lowest = max(Version(ours), Version(lower_bound(VERL_TRANSFORMERS, "verl's transformers")))
-    both = SpecifierSet(VERL_TRANSFORMERS) & SpecifierSet(declared()["transformers"])
-    if str(lowest) not in both:
-        raise SystemExit(f"transformers {lowest}, the lowest release moestab declares, is outside verl {VERL}'s range "
-                         f"{VERL_TRANSFORMERS}: moestab no longer installs beside verl {VERL}")
-    return str(lowest)
+    for who, spec in ((f"verl {VERL}", VERL_TRANSFORMERS), ("moestab", declared()["transformers"])):
+        if VERL_TIER_TRANSFORMERS not in SpecifierSet(spec):
+            raise SystemExit(f"the verl tier's transformers {VERL_TIER_TRANSFORMERS} is outside {who}'s range {spec}: "
+                             "pick the lowest release both accept")
+    return VERL_TIER_TRANSFORMERS
 
 
 def tier_pins(tier: str) -> list[str]:

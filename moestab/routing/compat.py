@@ -18,7 +18,7 @@ from torch import nn
 from moestab.routing.errors import IncompatibleTransformersError, RecordingError
 from moestab.routing.routes import Routes
 
-TESTED_TRANSFORMERS = ("5.21.1", "5.24.0")
+TESTED_TRANSFORMERS = ("5.6.0", "5.24.0")
 """The oldest and newest transformers CI runs (pyproject's lower bound and constraints.txt's pin; tested in
 tests/test_project.py)."""
 
