@@ -36,6 +36,13 @@ class Framework:
     name: str
     requirements: tuple[str, ...]
 
+    @property
+    def package(self) -> str:
+        """The framework's distribution name (its first requirement's)."""
+        from packaging.requirements import Requirement
+
+        return Requirement(self.requirements[0]).name
+
 
 FRAMEWORKS = (
     Framework("vLLM 0.33.0", ("vllm==0.33.0",)),
@@ -152,12 +159,13 @@ def main(argv: list[str] | None = None) -> int:
                      for name, (a, b) in jobs.items()}
             extras = {extra: pool.submit(resolve, python, [f"moestab[{extra}] @ {wheel.as_uri()}"])
                       for extra in EXTRA_SETS}
-            for name, (alone, together) in pairs.items():
+            for framework, (alone, together) in zip(FRAMEWORKS, pairs.values(), strict=True):
                 problems = moved(alone.result(), together.result())
                 got = together.result().versions
                 failed += bool(problems)
-                rows.append(f"| moestab beside {name} | "
-                            + ", ".join(f"{p} {got.get(p, '-')}" for p in WATCHED if p in got or not problems)
+                shown = (framework.package, *WATCHED)  # the framework's own release too (SGLang: the newest)
+                rows.append(f"| moestab beside {framework.name} | "
+                            + ", ".join(f"{p} {got[p]}" for p in shown if p in got)
                             + f" | {'; '.join(problems) or 'ok: torch and transformers as the framework alone'} |")
             ranges = declared_ranges()
             for declared in NOT_ON_PYPI:
