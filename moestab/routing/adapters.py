@@ -148,11 +148,11 @@ V3_SELECTION = Selection("sigmoid", bias="e_score_correction_bias", groups=True)
 
 TRANSFORMERS_FLOORS: dict[str, str] = {
     "laguna": "5.7.0",
-    "mellum": "5.10.4",
-    "cohere2_moe": "5.13.1", "deepseek_v2": "5.13.1", "deepseek_v3": "5.13.1", "deepseek_v32": "5.13.1",
-    "dots1": "5.13.1", "ernie4_5_moe": "5.13.1", "exaone_moe": "5.13.1", "glm4_moe": "5.13.1",
-    "glm_moe_dsa": "5.13.1", "hunyuan_v1_moe": "5.13.1", "lfm2_moe": "5.13.1", "mimo_v2_flash": "5.13.1",
-    "nemotron_h": "5.13.1", "phimoe": "5.13.1", "solar_open": "5.13.1",
+    "mellum": "5.10.1",
+    "cohere2_moe": "5.13.0", "deepseek_v2": "5.13.0", "deepseek_v3": "5.13.0", "deepseek_v32": "5.13.0",
+    "dots1": "5.13.0", "ernie4_5_moe": "5.13.0", "exaone_moe": "5.13.0", "glm4_moe": "5.13.0",
+    "glm_moe_dsa": "5.13.0", "hunyuan_v1_moe": "5.13.0", "lfm2_moe": "5.13.0", "mimo_v2_flash": "5.13.0",
+    "nemotron_h": "5.13.0", "phimoe": "5.13.0", "solar_open": "5.13.0",
     "axk1": "5.15.1", "axk2": "5.15.1", "glm4_moe_lite": "5.15.1", "granitemoe_swa": "5.15.1",
     "hy_v4": "5.17.0", "kimi_linear": "5.17.0",
     "longcat_flash": "5.19.0",
