@@ -48,5 +48,5 @@ def require(extra: str, needed_by: str) -> None:
     if missing:
         raise MissingExtraError(
             f"{needed_by} needs {', '.join(missing)}, which `pip install moestab` leaves out: {install_line(extra)} "
-            f"(or scripts/setup.sh in a source checkout, which installs every extra)"
+            "(scripts/setup.sh installs the dashboard, plots and notebooks extras in a source checkout)"
         )
