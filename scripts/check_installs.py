@@ -1,7 +1,7 @@
 """Does moestab install where MoE RL runs, without moving the framework's torch or transformers? Checked with pip's
 own resolver against the registry, in dry runs (metadata only: no multi-GB CUDA wheel is downloaded).
 
-    python3 scripts/check_installs.py [--out REPORT.md]
+    .venv/bin/python scripts/check_installs.py [--out REPORT.md]   # any python with packaging
 
 For each framework below, pip resolves the framework alone and the framework beside moestab (the wheel of this
 checkout, core install); the check fails when the pair does not resolve or resolves another torch or transformers

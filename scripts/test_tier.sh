@@ -22,10 +22,12 @@ esac
 venv=".venv-$tier"
 pins="$(mktemp)"
 trap 'rm -f "$pins"' EXIT
-python3 scripts/tier_constraints.py "$tier" > "$pins"
-echo "tier $tier: pins $(tr '\n' ' ' < "$pins")"
 rm -rf "$venv"
 python3 -m venv "$venv"
+# The pins are read with packaging (verl's range against pyproject's), which the system python3 may lack.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check packaging 2>&1 | { grep -v "^WARNING: Location" || true; }
+"$venv/bin/python" scripts/tier_constraints.py "$tier" > "$pins"
+echo "tier $tier: pins $(tr '\n' ' ' < "$pins")"
 pip_install() {  # the grep only hides this machine's pip-config noise; pipefail keeps pip's own exit status
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
 }

@@ -73,7 +73,7 @@ def test_ci_runs_every_tier_and_the_install_check_and_setup_installs_the_lock():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     for tier in ("newest", "oldest", "verl"):
         assert f"bash scripts/test_tier.sh {tier}" in ci
-    assert "python3 scripts/check_installs.py" in ci
+    assert ".venv/bin/python scripts/check_installs.py" in ci
     assert "-c constraints.txt" in (ROOT / "scripts" / "setup.sh").read_text()
 
 
