@@ -108,12 +108,13 @@ def moestab_requirements(repo: Path, drop: tuple[str, ...] = ()) -> list[str]:
     return requirements
 
 
-def write_constraints(repo: Path, path: Path) -> None:
-    """constraints.txt without the transformers-stack lines (STACK)."""
+def write_constraints(repo: Path, path: Path, unpin: tuple[str, ...] = ()) -> None:
+    """constraints.txt without the transformers-stack lines (STACK) and the packages named in ``unpin``."""
+    left_out = {*STACK, *(normalise(name) for name in unpin)}
     kept = []
     for line in (repo / "constraints.txt").read_text().splitlines():
         pin = line.split("#", 1)[0].strip()
-        if pin and requirement_name(pin) not in STACK:
+        if pin and requirement_name(pin) not in left_out:
             kept.append(pin)
     path.write_text("\n".join(kept) + "\n")
 
@@ -378,6 +379,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--drop", action="append", default=[],
                         help="leave this requirement of pyproject out of the venv (repeatable), e.g. trackio, whose "
                              "huggingface-hub>=1.10 no transformers 4.x accepts")
+    parser.add_argument("--unpin", action="append", default=[],
+                        help="also leave this package's constraints.txt pin out (repeatable), e.g. sympy, which "
+                             "torch 2.6 pins to 1.13.1")
     parser.add_argument("--find-links", action="append", default=["/opt/wheels"], help="extra wheel folders")
     parser.add_argument("--delete-venv", action="store_true", help="remove each venv after its run (disk)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed to one version's pytest")
@@ -400,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.snapshot:
         args.repo = snapshot(args.out)
     constraints = args.out / "constraints-without-stack.txt"
-    write_constraints(args.repo, constraints)
+    write_constraints(args.repo, constraints, tuple(args.unpin))
     for version in args.versions:
         pins = [f"{args.package}=={version}", *([f"torch=={args.torch}"] if args.package != "torch" else []),
                 *args.extra]
@@ -409,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(job.folder, ignore_errors=True)
         job.folder.mkdir(parents=True)
         meta = {"run": args.run, "package": args.package, "version": version, "pins": pins, "repo": str(args.repo),
-                "dropped": args.drop,
+                "dropped": args.drop, "unpinned": args.unpin,
                 "pytest_args": pytest_args, "installed": False, "timing": job.timing}
         start = time.monotonic()
         meta["installed"] = install(job, args, constraints)
