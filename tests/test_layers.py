@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     # 7: built on the trainer
     "probes": 7, "experiments": 7,
     # 8: launchers
-    "commands": 8, "cli": 8, "__main__": 9,
+    "commands": 8, "dashboard": 8, "cli": 8, "__main__": 9,
 }
 """Package (or top-level module) of moestab -> its layer."""
 

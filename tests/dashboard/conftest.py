@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "dashboard" / "app.py"
+APP = REPO / "moestab" / "dashboard" / "app.py"
+"""The packaged entry script (what ``moestab dashboard`` runs); tests/dashboard/test_serve.py also runs the checkout's
+``dashboard/app.py``, which runs this one."""
 COMPARE_PAGE = "app_pages/compare.py"
 """The first page (the app opens on it)."""
 PAGES = {  # page file -> title it shows

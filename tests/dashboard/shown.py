@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from dataclasses import dataclass
 
 import pandas as pd
 import pyarrow as pa
-
-from tests.dashboard.conftest import REPO
 
 
 @dataclass(frozen=True)
@@ -50,11 +47,8 @@ def chart_named(at, name: str) -> Chart:
 
 def csv_name(alt: str) -> str:
     """The CSV file name the dashboard gives the chart named ``alt``."""
-    sys.path.insert(0, str(REPO / "dashboard"))
-    try:
-        from dashkit.charts import slug
-    finally:
-        sys.path.remove(str(REPO / "dashboard"))
+    from moestab.dashboard.kit.charts import slug
+
     return f"{slug(alt)}.csv"
 
 

@@ -27,7 +27,9 @@ def test_defaults_bind_to_localhost_and_pass_no_folder() -> None:
     assert command[:5] == [sys.executable, "-m", "streamlit", "run", "/x/dashboard/app.py"]
     assert command[command.index("--server.address") + 1] == "127.0.0.1"
     assert command[command.index("--server.port") + 1] == "8501"
-    assert command[command.index("--server.headless") + 1] == "false"
+    # Always headless: a non-headless Streamlit prompts for an e-mail on a fresh HOME (tests/dashboard/test_serve.py).
+    assert command[command.index("--server.headless") + 1] == "true"
+    assert command[command.index("--browser.gatherUsageStats") + 1] == "false"
     assert "--" not in command  # the app falls back to $MOESTAB_RUNS, then runs/
 
 
@@ -46,19 +48,15 @@ def test_bad_port_is_refused(capsys: pytest.CaptureFixture) -> None:
     assert "--port must be in 1..65535" in capsys.readouterr().err
 
 
-def test_app_path_points_at_the_dashboard() -> None:
-    assert dashboard.app_path().is_file()
-    assert dashboard.app_path().parent.name == "dashboard"
+def test_app_path_points_at_the_packaged_dashboard() -> None:
+    import moestab.dashboard.app
+
+    assert dashboard.app_path() == Path(moestab.dashboard.app.__file__).resolve()
 
 
 def test_runs_folder_resolution() -> None:
-    from tests.dashboard.conftest import REPO
+    from moestab.dashboard.kit.ui import runs_dir_from
 
-    sys.path.insert(0, str(REPO / "dashboard"))
-    try:
-        from dashkit.ui import runs_dir_from
-    finally:
-        sys.path.remove(str(REPO / "dashboard"))
     assert runs_dir_from(["app.py", "/runs/a"], {"MOESTAB_RUNS": "/env"}) == "/runs/a"
     assert runs_dir_from(["app.py"], {"MOESTAB_RUNS": "/env"}) == "/env"
     assert runs_dir_from(["app.py"], {}) == "runs"
@@ -66,13 +64,8 @@ def test_runs_folder_resolution() -> None:
 
 
 def test_runs_folder_source_and_misspelt_variables() -> None:
-    from tests.dashboard.conftest import REPO
+    from moestab.dashboard.kit.ui import ignored_runs_env, runs_dir_and_source
 
-    sys.path.insert(0, str(REPO / "dashboard"))
-    try:
-        from dashkit.ui import ignored_runs_env, runs_dir_and_source
-    finally:
-        sys.path.remove(str(REPO / "dashboard"))
     assert runs_dir_and_source(["app.py", "/a"], {"MOESTAB_RUNS": "/env"}) == ("/a", "from the command line")
     assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS": "/env"}) == ("/env", "from `$MOESTAB_RUNS`")
     assert runs_dir_and_source(["app.py"], {"MOESTAB_RUNS": ""}) == ("runs", "default: ./runs")  # empty: unset

@@ -169,7 +169,7 @@ def test_the_dashboard_draws_every_page_of_a_trl_run(recorded, monkeypatch):
     pytest.importorskip("streamlit", reason="the dashboard extra is not installed (a trainer-only environment)")
     from streamlit.testing.v1 import AppTest
 
-    app = ROOT / "dashboard" / "app.py"
+    app = ROOT / "moestab" / "dashboard" / "app.py"
     monkeypatch.setattr(sys, "argv", [str(app), str(recorded.dir.parent)])  # how the app is given its runs folder
     for page in DASHBOARD_PAGES:
         at = AppTest.from_file(str(app), default_timeout=120)

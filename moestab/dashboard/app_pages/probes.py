@@ -2,8 +2,8 @@
 same probe to overlay: what was probed, the summary, the charts of known probes and every table."""
 
 import streamlit as st
-from dashkit import charts, probes, ui
 
+from moestab.dashboard.kit import charts, probes, ui
 from moestab.probes.views import charts_for, stack_tables, table_names
 
 ui.page_header(

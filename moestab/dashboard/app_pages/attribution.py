@@ -4,9 +4,9 @@ router flip rate against the router's margin."""
 import numpy as np
 import pandas as pd
 import streamlit as st
-from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import margin_bin_centres, stack_runs
+from moestab.dashboard.kit import charts, loaders, ui
 
 PAIRS = {
     "update_old": "update vs old: the two forward passes on either side of log w",

@@ -3,9 +3,9 @@ and their variance against response length (recorded tokens)."""
 
 import pandas as pd
 import streamlit as st
-from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import shared_histograms, stack_runs
+from moestab.dashboard.kit import charts, loaders, ui
 
 ui.page_header(
     "Ratios",

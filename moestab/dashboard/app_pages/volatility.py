@@ -5,9 +5,9 @@ old->new and rollout->trainer side by side."""
 import numpy as np
 import pandas as pd
 import streamlit as st
-from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import TOKENS_SOURCE, changed_by_layer_step, routing_by_step, stack_runs
+from moestab.dashboard.kit import charts, loaders, ui
 
 PAIR_TITLES = {
     "old_new": "old → new (trainer, free routing)",
@@ -84,7 +84,8 @@ for run in runs:
 
 
 def view(label: str, pair: str, name: str) -> pd.DataFrame | None:
-    """View ``name`` of :data:`dashkit.loaders.VOLATILITY_VIEWS` of a run's pair (None without per-token tables)."""
+    """View ``name`` of :data:`~moestab.dashboard.kit.loaders.VOLATILITY_VIEWS` of a run's pair (None without
+    per-token tables)."""
     table = tables.get((label, pair))
     return None if table is None else table[name]
 

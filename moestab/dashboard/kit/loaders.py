@@ -1,7 +1,7 @@
 """Cached calls into ``moestab.analysis`` (and ``moestab.probes``), one per thing a page shows.
 
 Every loader takes the run folder and its :func:`~moestab.analysis.dashboard_data.run_fingerprint`
-(a probe folder: :func:`dashkit.probes.fingerprint`), so a changed file is a new cache key and gets
+(a probe folder: :func:`moestab.dashboard.kit.probes.fingerprint`), so a changed file is a new cache key and gets
 re-read, and returns a :class:`Loaded`: the value, the parts of the run that the readers skipped
 (their ``Skipped`` entries: file, line, reason) and, when nothing could be read, the error. A loader
 never raises for a bad run: one corrupt run (or probe folder) must not take the page down. Each call

@@ -2,9 +2,9 @@
 
 import pandas as pd
 import streamlit as st
-from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import metric_curve, stack_runs
+from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
 
 # (metrics.jsonl key, chart title, y label with units). Keys absent from every run are skipped.

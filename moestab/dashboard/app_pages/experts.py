@@ -2,10 +2,10 @@
 
 import pandas as pd
 import streamlit as st
-from dashkit import charts, loaders, ui
 
 from moestab.analysis.dashboard_data import load_at_step, matrix_frame
 from moestab.analysis.experts import metrics_load, metrics_per_layer
+from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
 
 ui.page_header(

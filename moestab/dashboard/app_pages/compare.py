@@ -6,7 +6,6 @@ page lays out its widgets and charts."""
 
 import pandas as pd
 import streamlit as st
-from dashkit import charts, loaders, ui
 
 from moestab.analysis.compare import (
     DEFAULT_KEYS,
@@ -26,6 +25,7 @@ from moestab.analysis.compare import (
     style_fields,
     varying_fields,
 )
+from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
 
 MEAN, EACH = "mean ± sd over a group's runs", "each run"

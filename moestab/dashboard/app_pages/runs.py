@@ -2,7 +2,8 @@
 
 import pandas as pd
 import streamlit as st
-from dashkit import loaders, ui
+
+from moestab.dashboard.kit import loaders, ui
 
 ui.page_header(
     "Runs",
