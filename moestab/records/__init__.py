@@ -10,9 +10,11 @@ The only package that reads or writes a run folder:
 - ``reader``    metrics.jsonl and the per-token tables, streamed; ``Skipped`` parts reported, not warned
 - ``route_columns``  how the per-token tables' route columns hold expert ids (binary, version 3; lists, version 2)
 - ``lock``      one writer per run folder (``run_lock``)
-- ``errors``    ``NotARunError``, ``SchemaVersionError``, ``RunFileError``, ``Skipped``
+- ``files``     how files inside a run folder are written: never through a symbolic link (``PlantedLinkError``)
+- ``errors``    ``NotARunError``, ``SchemaVersionError``, ``RunFolderError``, ``RunFileError``, ``Skipped``
 """
 
+from moestab.records.files import PlantedLinkError
 from moestab.records.folder import Remedies, RunFolder, RunFolderError
 
-__all__ = ["Remedies", "RunFolder", "RunFolderError"]
+__all__ = ["PlantedLinkError", "Remedies", "RunFolder", "RunFolderError"]

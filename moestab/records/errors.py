@@ -26,6 +26,10 @@ class SchemaVersionError(RunError):
     """run.json declares a schema_version this moestab does not read (newer, or an old one without upgrade)."""
 
 
+class RunFolderError(RunError):
+    """A folder cannot take a new run, be overwritten or be resumed; the message says why and what to do."""
+
+
 class RunFileError(RunError):
     """A file of a run folder is missing, unreadable or does not follow the run format.
 

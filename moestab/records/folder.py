@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moestab.records import schema
-from moestab.records.errors import RunError
+from moestab.records.errors import RunError, RunFolderError
+from moestab.records.files import atomic_write_bytes, created, refuse_link, remove
 from moestab.records.lock import folder_contents, run_lock
 from moestab.records.run_info import RunInfo, read_run_info
 
@@ -33,10 +34,6 @@ DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota i
 """The ``OSError`` numbers of a folder that cannot take a write, with how :meth:`RunFolder.disk_failure` says so."""
 
 _WRITE_PROBE = ".moestab-write-test"
-
-
-class RunFolderError(RunError):
-    """A folder cannot take a new run, be overwritten or be resumed; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -149,18 +146,27 @@ class RunFolder:
     def check_writable(self, *, remedy: str) -> None:
         """:class:`RunFolderError` unless files can be created in the folder (or, if it does not exist yet, in its
         nearest existing parent). Writes and removes a probe file; creates no folder."""
+        self.refuse_links()
         target = self.path
         while not target.exists() and target != target.parent:
             target = target.parent
         probe = target / _WRITE_PROBE
         try:
-            probe.write_bytes(b"ok")
+            with created(probe) as f:  # never through a link planted at the probe's name
+                f.write(b"ok")
         except OSError as exc:
             raise RunFolderError(f"cannot write to the run folder {self.path}: {exc.strerror or exc} ({target}); "
                                  f"{remedy}") from exc
         finally:
             with contextlib.suppress(OSError):  # a read-only target has no probe to remove
                 probe.unlink(missing_ok=True)
+
+    def refuse_links(self) -> None:
+        """:class:`~moestab.records.files.PlantedLinkError` when a name the run writes through (its lock file,
+        metrics.jsonl, a subfolder) is a symbolic link: runs folders are shared, and a write would land on the link's
+        target. Names replaced by a rename (run.json, a checkpoint) need no check."""
+        for path in (self.path / schema.LOCK_FILE, self.metrics_file, *self.subfolders()):
+            refuse_link(path)
 
     def check_new(self, *, overwrite: bool, remedies: Remedies = TRAIN_REMEDIES) -> bool:
         """Check that a new run may be written here: the folder is absent, empty (its lock file is no content), or
@@ -209,7 +215,7 @@ class RunFolder:
         folder and the lock file of the writer starting over stay."""
         self.info()  # raises unless it still is a run folder
         for path in folder_contents(self.path):
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            remove(path)
 
     # ---- resuming -------------------------------------------------------------------------------
     def resume_point(self) -> tuple[RunInfo, int]:
@@ -241,7 +247,7 @@ class RunFolder:
         """Delete :meth:`leftover_temporaries`; returns what was removed."""
         removed = self.leftover_temporaries()
         for path in removed:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            remove(path)  # a planted link is unlinked, its target untouched
         return removed
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -255,14 +261,7 @@ class RunFolder:
         A write that fails for lack of space is an ``OSError(ENOSPC)`` naming the file: ``weights_bytes`` (the size
         of the weights) tells a full disk behind a weight writer's own exception types (safetensors') from another
         failure."""
-        path = self.state_file(step)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(state)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
+        atomic_write_bytes(self.state_file(step), state)
         folder = self.checkpoint_dir(step)
         try:
             replace_folder(folder, write_weights)
@@ -293,13 +292,13 @@ def replace_folder(path: Path, write: Callable[[Path], None]) -> None:
     moved aside first and deleted after), so a folder at ``path`` is always a whole one: a checkpoint's, or any model
     folder's (:func:`moestab.models.save_policy`). What an interrupted write leaves is ``.NAME.tmp`` / ``.NAME.old``."""
     tmp = path.with_name(f".{path.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    remove(tmp)  # an interrupted write's, or a planted link (unlinked, never followed)
     write(tmp)
-    if path.exists():
+    if path.exists() or path.is_symlink():
         old = path.with_name(f".{path.name}.old")
+        remove(old)
         path.rename(old)
         tmp.rename(path)
-        shutil.rmtree(old)
+        remove(old)
     else:
         tmp.rename(path)

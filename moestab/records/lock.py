@@ -21,6 +21,7 @@ from typing import Any
 
 from moestab.records import schema
 from moestab.records.errors import RunError
+from moestab.records.files import open_fd
 from moestab.records.run_info import now
 
 NAME_WAIT_S = 1.0
@@ -81,7 +82,7 @@ def _acquire(path: Path, note: Callable[[str], None]) -> int:
     """The open, locked lock file, with this process's name written in it."""
     while True:  # until the file locked is the one at ``path`` (a holder removes it when it ends)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_fd(path, os.O_RDWR | os.O_CREAT)  # a planted link is refused: the lock truncates its file
         except FileNotFoundError:  # a holder that created the folder removed it as it ended: make it again
             path.parent.mkdir(parents=True, exist_ok=True)
             continue

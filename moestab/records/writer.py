@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moestab.records import schema
+from moestab.records.files import atomic_write_text, created, open_append, remove
 from moestab.records.folder import RUN_SUBFOLDERS, RunFolder
 from moestab.records.route_columns import token_parquet_options
 from moestab.records.run_info import ModelInfo, RunInfo, json_safe, now, read_run_info, this_writer
@@ -22,15 +23,6 @@ HEARTBEAT_S = 60.0
 """How often a running writer renews run.json's ``writer.heartbeat`` (see ``RunInfo.live_status``)."""
 TOKEN_ROW_GROUP = 65_536
 """Rows per Parquet row group of a per-token table."""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves no temporary behind
 
 
 class RunWriter:
@@ -105,8 +97,8 @@ class RunWriter:
         return _Heartbeat(self, every)
 
     def append_metrics(self, metrics: dict[str, Any]) -> None:
-        with self.folder.metrics_file.open("a") as f:
-            f.write(json.dumps(json_safe(metrics)) + "\n")
+        with open_append(self.folder.metrics_file) as f:  # a planted link is refused, not appended through
+            f.write((json.dumps(json_safe(metrics)) + "\n").encode())
             f.flush()
 
     def truncate_metrics(self, last_step: int) -> list[int]:
@@ -138,10 +130,11 @@ class RunWriter:
         path = self.folder.tokens_file(step)
         tmp = path.with_name(f".{path.name}.tmp")
         try:
-            pq.write_table(table, tmp, row_group_size=row_group_size, **token_parquet_options(table.schema))
+            with created(tmp) as f:
+                pq.write_table(table, f, row_group_size=row_group_size, **token_parquet_options(table.schema))
             os.replace(tmp, path)
         finally:
-            tmp.unlink(missing_ok=True)
+            remove(tmp)  # a failed write leaves no temporary behind
 
 
 class _Heartbeat:
