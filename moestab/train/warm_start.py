@@ -10,10 +10,16 @@ the base behind an unchanged key.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
+import os
 import random
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -73,21 +79,79 @@ def sft_batch(tokenizer, examples, device) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def warm_start(spec: WarmStartSpec, task: Task, cache_dir: Path, *, log=print) -> tuple[Path, dict]:
-    """Path of the warm-started base (built now or found in the cache) and its record."""
+    """Path of the warm-started base (built now or found in the cache) and its record.
+
+    Several runs may start together on one empty cache (a sweep, one HOME): the first to take the entry's lock builds
+    it while the others wait, then find it. An entry is built in a folder of its own process's
+    (``.NAME.<random>.tmp``) and published whole by one rename, so a reader never sees a partial entry, even where
+    the lock cannot be taken (a file system without flock: each process then builds, and the first rename wins).
+    """
     path = cache_dir / "bases" / f"{spec.model.family}-{spec.key()}"
+    found = _published(path)
+    if found is not None:
+        return path, found
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _entry_lock(path, log):
+        found = _published(path)  # built by the process that held the lock before
+        if found is not None:
+            return path, found
+        log(f"warm start: building the base policy ({task.spec}, target accuracy {spec.target:.0%})")
+        with torch_threads(WARM_START_THREADS):
+            model, tokenizer, step, accuracy = _train_base(spec, task, log)
+        record = {"steps": step, "accuracy": accuracy, "threads": WARM_START_THREADS, "key": spec.key(),
+                  "spec": asdict(spec)}
+        if accuracy < spec.target:
+            log(f"warm start: stopped at the step cap {spec.max_steps} with accuracy {accuracy:.1%}")
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        try:
+            save_policy(model, tokenizer, staging / "base")
+            (staging / "base" / MARKER).write_text(json.dumps(record, indent=2))  # last: marks a complete entry
+            _publish(staging / "base", path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # what a lost race or a failure left
+    found = _published(path)
+    if found is None:
+        raise RuntimeError(f"the warm-start cache entry {path} was not published")
+    return path, found
+
+
+def _published(path: Path) -> dict | None:
+    """The record of the complete cache entry at ``path``, or None (absent, or an entry left without its marker)."""
     marker = path / MARKER
-    if marker.is_file():
-        return path, json.loads(marker.read_text())
-    log(f"warm start: building the base policy ({task.spec}, target accuracy {spec.target:.0%})")
-    with torch_threads(WARM_START_THREADS):
-        model, tokenizer, step, accuracy = _train_base(spec, task, log)
-    record = {"steps": step, "accuracy": accuracy, "threads": WARM_START_THREADS, "key": spec.key(),
-              "spec": asdict(spec)}
-    if accuracy < spec.target:
-        log(f"warm start: stopped at the step cap {spec.max_steps} with accuracy {accuracy:.1%}")
-    save_policy(model, tokenizer, path)
-    (path / MARKER).write_text(json.dumps(record, indent=2))  # written last: marks a complete entry
-    return path, record
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def _publish(built: Path, path: Path) -> None:
+    """Rename the complete entry ``built`` to ``path``. An incomplete entry there (from a version that built in place)
+    is moved aside first; a complete one published meanwhile by another process wins (same key, same base)."""
+    if (path.exists() or path.is_symlink()) and _published(path) is None:
+        aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        with contextlib.suppress(FileNotFoundError):  # another process moved it first
+            path.rename(aside / "entry")
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        built.rename(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or _published(path) is None:
+            raise
+
+
+@contextlib.contextmanager
+def _entry_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``NAME.lock`` beside the entry while inside (blocking). Where the file system refuses flock the entry
+    is built without it: the publish by rename keeps the cache whole either way."""
+    fd = os.open(path.with_name(f"{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"warm start: another process is building {path.name}; waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no flock here (some network file systems)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _train_base(

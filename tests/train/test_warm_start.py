@@ -1,6 +1,7 @@
 """The embedded policy's supervised warm start: deterministic, cached, reused, stopped early."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +86,56 @@ def test_torch_threads_restores_the_callers_count_on_exit_and_on_error():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(caller)
+
+
+BUILD_ONE = """
+import json, sys, time
+from pathlib import Path
+from moestab.models import EmbeddedModelSpec
+from moestab.tasks import task_from_spec
+from moestab.train.warm_start import WarmStartSpec, warm_start
+cache, go = Path(sys.argv[1]), Path(sys.argv[2])
+spec = WarmStartSpec(model=EmbeddedModelSpec(hidden_size=32, num_layers=2), task_spec="arithmetic", target=1.0,
+                     max_steps=6, seed=0, eval_size=8, batch_size=8, eval_every=3)
+task = task_from_spec("arithmetic")
+logs = []
+while not go.exists():  # every process imported: start together
+    time.sleep(0.01)
+path, record = warm_start(spec, task, cache, log=logs.append)
+print(json.dumps({"path": str(path), "record": record, "built": any("building the base" in line for line in logs),
+                  "waited": any("waiting for it" in line for line in logs)}))
+"""
+
+
+@pytest.mark.slow
+def test_runs_started_together_share_one_cache_entry(tmp_path):
+    import subprocess
+    import sys
+
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE, str(cache), str(go)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    go.touch()
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({r["path"] for r in results}) == 1 and all(r["record"] == results[0]["record"] for r in results)
+    assert sum(r["built"] for r in results) == 1  # one built it, the others reused it (waiting, if they came early)
+    entry = Path(results[0]["path"])
+    # Only the entry and its lock beside it; the entry holds the saved model and its marker, no temporary.
+    assert sorted(p.name for p in entry.parent.iterdir()) == sorted([entry.name, f"{entry.name}.lock"])
+    assert not [p for p in entry.rglob("*") if p.name.startswith(".") or p.name.endswith((".tmp", ".old"))]
+    assert (entry / MARKER).is_file() and (entry / "model.safetensors").is_file()
+
+
+def test_an_entry_left_without_its_marker_is_replaced_whole(tmp_path):
+    task = task_from_spec("arithmetic")
+    path = tmp_path / "bases" / f"{spec().model.family}-{spec().key()}"
+    path.mkdir(parents=True)
+    (path / "model.safetensors.partial").write_bytes(b"x" * 100)  # what an interrupted in-place build left
+    built, _ = warm_start(spec(), task, tmp_path, log=lambda s: None)
+    assert built == path and (path / MARKER).is_file()
+    assert not (path / "model.safetensors.partial").exists()
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f"{path.name}.lock"])
