@@ -12,7 +12,9 @@ numbers, they define no metric.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,13 +22,19 @@ import pandas as pd
 
 from moestab.analysis.dashboard_data import metric_curve
 from moestab.metrics import keys
+from moestab.metrics.paired import PairedInterval, paired_interval
 
 ABSENT = "(absent)"
 """The value of a config field in a run whose config lacks it (e.g. a TRL or diagnostics run's config)."""
 
-IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", "progress", "report_to"})
-"""Config fields that tell runs apart (or say how a run was started) rather than which condition it ran: left out of
-the default grouping, so that the seeds of one condition fall into one group."""
+IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", "progress", "report_to", "steps"})
+"""Config fields that tell runs apart (or say how a run was started, or how long it was planned to run) rather than
+which condition it ran: left out of the default grouping, so that the seeds of one condition fall into one group (a
+GRPO run planned for 17 steps and one for 57 ran the same condition; the step window compares them over the steps
+both have)."""
+
+SEED_FIELD = "seed"
+"""The config field paired differences match runs by."""
 
 OFF_VALUES = frozenset({"0", "0.0", "false", "null", '""', "[]", "{}"})
 """A config value as :func:`config_table` writes it (JSON text) that means a setting is off."""
@@ -285,3 +293,112 @@ def label_fields(frame: pd.DataFrame, table: pd.DataFrame, groups: Mapping[str, 
             values = frame["group"].map({group: " / ".join(dict.fromkeys(texts)) for group, texts in by_group.items()})
         out.insert(1 + i, field, values.astype(object))
     return out
+
+
+# -- "by how much": one step window for every run, per-run means, group means, paired differences -------------------
+
+WINDOW_COLUMNS = ("run", "mean", "steps", "first", "last")
+GROUP_STAT_COLUMNS = ("group", "runs", "mean", "sd", "se")
+PAIR_COLUMNS = ("seed", "run_a", "run_b", "a", "b", "difference")
+
+
+def step_ranges(frames: Mapping[str, pd.DataFrame]) -> dict[str, tuple[int, int]]:
+    """Each run's first and last ``step`` (metrics frames; a run without a step is left out), in the mapping's
+    order."""
+    return {run: (int(frame["step"].min()), int(frame["step"].max())) for run, frame in frames.items() if len(frame)}
+
+
+def common_steps(frames: Mapping[str, pd.DataFrame]) -> tuple[int, int] | None:
+    """The steps every run has: from the latest first step to the earliest last step of the runs' metrics frames,
+    both included; ``None`` when a run has no step or two runs' steps do not overlap. The default step window: a mean
+    over steps 1-17 beside one over steps 1-57 would compare different stretches of training."""
+    ranges = step_ranges(frames)
+    if not frames or len(ranges) < len(frames):
+        return None
+    first, last = max(r[0] for r in ranges.values()), min(r[1] for r in ranges.values())
+    return (first, last) if first <= last else None
+
+
+def window_means(curves: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Each run's mean over the steps of ``window`` (both ends included) of :func:`curves`' ``value``: columns ``run``,
+    ``mean``, ``steps`` (the steps with a value in the window), ``first`` and ``last`` (the first and last of those).
+    Runs with no value in the window are left out; runs in the frame's order. Unsmoothed values: the mean over the
+    window is itself the smoothing."""
+    first, last = window
+    if first > last:
+        raise ValueError(f"the step window must run forwards, got {first}..{last}")
+    inside = curves[(curves["step"] >= first) & (curves["step"] <= last) & curves["value"].notna()]
+    stats = inside.groupby("run", sort=False).agg(mean=("value", "mean"), steps=("step", "count"),
+                                                  first=("step", "min"), last=("step", "max")).reset_index()
+    return stats[list(WINDOW_COLUMNS)]
+
+
+def group_stats(means: pd.DataFrame, groups: Mapping[str, str]) -> pd.DataFrame:
+    """Each group's runs' window means (:func:`window_means`) reduced to ``mean``, ``sd`` (n - 1) and ``se`` = sd /
+    sqrt(runs), the standard error of the group mean over its runs (seeds); sd and se are NaN with one run. Columns
+    :data:`GROUP_STAT_COLUMNS`, groups in the order of their first run in ``means``."""
+    if not len(means):
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "group" else np.float64) for c in GROUP_STAT_COLUMNS})
+    frame = means.assign(group=means["run"].map(groups))
+    if frame["group"].isna().any():
+        raise KeyError(f"runs {sorted(frame.loc[frame['group'].isna(), 'run'])} have no group")
+    stats = frame.groupby("group", sort=False)["mean"].agg(runs="count", mean="mean", sd="std").reset_index()
+    stats["se"] = stats["sd"] / np.sqrt(stats["runs"])
+    return stats[list(GROUP_STAT_COLUMNS)]
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Group ``a`` minus group ``b``, run against run of the same seed, over a step window."""
+
+    interval: PairedInterval | None
+    """Mean of the seeds' differences and its t-interval (:func:`moestab.metrics.paired.paired_interval`); ``None``
+    without a pair."""
+    pairs: pd.DataFrame
+    """One row per seed: :data:`PAIR_COLUMNS` (the two runs, their window means, ``a - b``), sorted by seed."""
+    unpaired: tuple[tuple[str, str], ...]
+    """(run, why) of each run of the two groups left out of the pairs."""
+
+
+def paired_difference(means: pd.DataFrame, groups: Mapping[str, str], seeds: Mapping[str, str], a: str, b: str,
+                      level: float = 0.95) -> PairedDifference:
+    """Group ``a`` minus group ``b``: each run's window mean (:func:`window_means`) paired with the other group's run
+    of the same seed (``seeds``: run -> its config's seed as :func:`field_text` writes it, :data:`ABSENT` when its
+    config has none), the differences' mean and ``level`` t-interval. A run is left out, saying why, when its config
+    names no seed, when its seed has no run in the other group, or when two runs of its group share its seed (which
+    to pair is not known)."""
+    if a == b:
+        raise ValueError(f"a paired difference needs two groups, got {a!r} twice")
+    value = dict(zip(means["run"], means["mean"], strict=True))
+    unpaired: list[tuple[str, str]] = []
+    by_seed: dict[str, dict[str, list[str]]] = {}
+    for run, group in groups.items():
+        if group not in (a, b) or run not in value:
+            continue
+        if seeds.get(run, ABSENT) == ABSENT:
+            unpaired.append((run, "its config names no seed"))
+            continue
+        by_seed.setdefault(seeds[run], {a: [], b: []})[group].append(run)
+    rows = []
+    for seed, runs in by_seed.items():
+        if len(runs[a]) == 1 and len(runs[b]) == 1:
+            run_a, run_b = runs[a][0], runs[b][0]
+            rows.append((seed, run_a, run_b, value[run_a], value[run_b], value[run_a] - value[run_b]))
+            continue
+        crowded = [group for group in (a, b) if len(runs[group]) > 1]
+        for group, other in ((a, b), (b, a)):
+            why = (f"seed {seed} has {len(runs[crowded[0]])} runs in {crowded[0]}" if crowded
+                   else f"no run of seed {seed} in {other}")
+            unpaired += [(run, why) for run in runs[group]]
+    pairs = pd.DataFrame(rows, columns=list(PAIR_COLUMNS)).astype({c: np.float64 for c in ("a", "b", "difference")})
+    pairs = pairs.sort_values("seed", key=lambda s: s.map(_seed_order), kind="stable").reset_index(drop=True)
+    interval = paired_interval(pairs["a"].tolist(), pairs["b"].tolist(), level) if len(pairs) else None
+    return PairedDifference(interval, pairs, tuple(unpaired))
+
+
+def _seed_order(seed: str) -> tuple[float, str]:
+    """Numeric seeds in numeric order, then any other text."""
+    try:
+        return float(seed), seed
+    except ValueError:
+        return math.inf, seed

@@ -70,7 +70,8 @@ SUMMARY_COLUMNS = (
   ``warm_start_accuracy``;
 - the keys of :data:`SUMMARY_KEYS`: step means of metrics.jsonl keys;
 - the keys of :data:`SAMPLING_ERRORS`, each beside its step mean: the sampling error of that mean under a
-  measurement budget (0 when every sequence was measured);
+  measurement budget that samples sequences; NaN (no sampling error applies) when every measured step scored every
+  sequence;
 - ``damage``: why the run is ``damaged`` (:func:`~moestab.records.reader.metrics_step_problem`), else ``None``;
 - ``path``: the run folder.
 """
@@ -85,10 +86,10 @@ def _step_means(metrics: pd.DataFrame) -> dict[str, float]:
         out[column] = float(values.mean()) if values.notna().any() else np.nan
     for column, key in SAMPLING_ERRORS.items():
         mean = out[column.removesuffix("_se")]
-        if key in metrics:  # measured on samples: the steps' errors combined
-            out[column] = mean_se(pd.to_numeric(metrics[key], errors="coerce").to_numpy(np.float64))
-        else:  # every sequence measured: exact (or nothing to be exact about)
-            out[column] = 0.0 if np.isfinite(mean) else np.nan
+        # Measured on samples: the steps' errors combined. Without the key every measured step scored every
+        # sequence: no sampling error applies, which is not an error of 0 (NaN: blank in the table, null in JSON).
+        sampled = key in metrics and np.isfinite(mean)
+        out[column] = mean_se(pd.to_numeric(metrics[key], errors="coerce").to_numpy(np.float64)) if sampled else np.nan
     return out
 
 

@@ -28,9 +28,9 @@ from typing import Any
 import pandas as pd
 
 from moestab.experiments.grid import GridRun, grid_metrics, grid_runs, is_finished, run_grid, shard
-from moestab.experiments.paired import paired_interval
 from moestab.experiments.stability import COLLAPSE_DROP, run_stability
 from moestab.metrics import keys
+from moestab.metrics.paired import paired_interval
 from moestab.records.reader import load_metrics
 
 STABILITY_RULE = (f"a run is stable when its final eval accuracy is not more than COLLAPSE_DROP = {COLLAPSE_DROP} "

@@ -14,6 +14,8 @@ the per-token tables are one computation (docs/metrics.md lists every key and it
 - ``routing_share`` routing's share of the token log-ratio: free vs replayed routes on the update's weights
                 (variance share, clip fractions, mean |log w|)
 - ``experts``   expert load, load entropy, co-activation
+- ``sampling``  sampling error of a budget's sampled rates and of their step mean
+- ``paired``    paired differences over seeds and their t-interval (the controlled experiment, the dashboard)
 - ``keys``      every metrics.jsonl key, declared once: type and shape, computing function, definition (the table
                 docs/metrics.md's key reference is generated from)
 """

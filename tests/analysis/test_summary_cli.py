@@ -314,3 +314,23 @@ def test_json_and_csv_targets_that_cannot_be_written_are_refused(tmp_path, cli_m
     assert cli_main(["analyze", str(run.path), *(a.format(**fill) for a in args)]) == 2
     captured = capsys.readouterr()
     assert expected.format(**fill) in captured.err and captured.out == ""
+
+
+def test_sampling_error_is_blank_where_none_applies_and_combined_where_sampled(fake_run, cli_main, capsys):
+    """Without a measurement budget's sampled keys no sampling error applies: the ``_se`` columns are NaN (null in
+    JSON, empty in CSV), not 0. With them, the steps' errors combined: sqrt(sum se^2) / steps."""
+    row = run_summary(fake_run.path)
+    assert math.isnan(row["old_new_changed_se"]) and math.isnan(row["old_new_router_flip_se"])
+    assert cli_main(["analyze", str(fake_run.path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)[0]
+    assert record["old_new_changed_se"] is None and record["old_new_changed"] is not None
+    assert cli_main(["analyze", str(fake_run.path), "--csv"]) == 0
+    assert next(csv.DictReader(io.StringIO(capsys.readouterr().out)))["old_new_changed_se"] == ""
+
+    # Sampled steps 1 and 3 (se 0.03 and 0.04), step 2 unmeasured (no key): sqrt(0.03^2 + 0.04^2) / 2 = 0.025.
+    lines = [json.loads(line) for line in (fake_run.path / schema.METRICS_JSONL).read_text().splitlines()]
+    lines[0]["routing/old_new/changed_se"], lines[2]["routing/old_new/changed_se"] = 0.03, 0.04
+    (fake_run.path / schema.METRICS_JSONL).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    row = run_summary(fake_run.path)
+    assert row["old_new_changed_se"] == pytest.approx(0.025, rel=1e-12)
+    assert math.isnan(row["old_new_router_flip_se"])  # its key is still absent

@@ -1,4 +1,5 @@
-"""The paired t-interval of the controlled experiment's report: hand-worked, and against closed forms / scipy."""
+"""The paired t-interval (the controlled experiment's report, the dashboard's Compare page): hand-worked, and against
+closed forms / scipy."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from moestab.experiments.paired import paired_interval, t_quantile
+from moestab.metrics.paired import paired_interval, t_quantile
 
 
 def _closed_form_quantile(p: float, df: int) -> float:
