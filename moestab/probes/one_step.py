@@ -26,7 +26,7 @@ from moestab.probes.checkpoints import Checkpoint
 from moestab.probes.errors import ProbeError
 from moestab.probes.suites import TASK_PREFIX, ProbeSuite
 from moestab.records.reader import read_run_info
-from moestab.tasks import DEFAULT_TASK, Example, Task, task_from_spec
+from moestab.tasks import DEFAULT_TASK, Example, Task, refuse_code_named_by, task_from_spec
 from moestab.text import shown
 from moestab.train.config import TrainConfig
 from moestab.train.optim import build_optimizer
@@ -94,10 +94,12 @@ class StepRecipe:
 
 def probe_task(spec: str | None, checkpoints: Sequence[Checkpoint]) -> Task:
     """Task ``spec``; by default the run's task when the checkpoints are a run's, else :data:`DEFAULT_TASK`."""
-    if spec is None:
-        runs = list(dict.fromkeys(c.run for c in checkpoints if c.run is not None))
-        spec = read_run_info(runs[0]).task if runs else DEFAULT_TASK
     try:
+        if spec is None:
+            runs = list(dict.fromkeys(c.run for c in checkpoints if c.run is not None))
+            spec = read_run_info(runs[0]).task if runs else DEFAULT_TASK
+            if runs:
+                refuse_code_named_by(spec, f"{runs[0]}/run.json")  # unless --task says it
         return task_from_spec(spec)
     except ValueError as exc:
         raise ProbeError(f"task {shown(spec)}: {exc}") from None

@@ -17,6 +17,7 @@ from moestab.tasks.registry import (
     describe_task,
     describe_tasks,
     make_task,
+    refuse_code_named_by,
     task_from_spec,
     task_params,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "make_task",
     "parse_number",
     "parse_task_spec",
+    "refuse_code_named_by",
     "task_from_spec",
     "task_params",
 ]

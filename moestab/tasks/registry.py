@@ -6,6 +6,7 @@ set and scores completions with a user function instead (``moestab.tasks.user_re
 
 from __future__ import annotations
 
+import shlex
 from types import MappingProxyType
 from typing import Any
 
@@ -74,6 +75,20 @@ def task_from_spec(spec: str) -> Task:
     """Build a task from a CLI spec string, e.g. ``"sort:length=4-8"`` (grammar: ``moestab.tasks.spec``)."""
     name, params = parse_task_spec(spec)
     return make_task(name, **params)
+
+
+def refuse_code_named_by(spec: str, source: str, flag: str = "--task") -> None:
+    """:class:`TaskSpecError` when task ``spec``, read from ``source`` (a run folder's run.json), names a reward
+    function (``reward=``): importing it would run code that only a file of a run folder asked for, and runs folders
+    are shared. The user allows it by stating the same spec on the command line (``flag``)."""
+    _, params = parse_task_spec(spec)
+    target = params.get("reward")
+    if target is not None:
+        raise TaskSpecError(
+            f"{source} names the reward function {shown(target)} (task {shown(spec)}); moestab does not import code "
+            f"that a run folder names, since runs folders may be shared. If you trust that file, say so on the "
+            f"command line: {flag} {shlex.quote(spec)}"
+        )
 
 
 def describe_task(name: str) -> str:

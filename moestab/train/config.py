@@ -360,6 +360,10 @@ def load_train_config(config_file: str | None = None, flags: Mapping[str, Any] |
         saved = {k: v for k, v in read_run_info(config.resume).config.items() if k not in ("out", "resume")}
     except RunError as exc:
         raise TrainingError(f"--resume {config.resume}: {exc}") from exc
+    if isinstance(saved.get("task"), str) and not any(layer.get("task") is not None for layer in layers):
+        from moestab.tasks import refuse_code_named_by
+
+        refuse_code_named_by(saved["task"], f"--resume {config.resume}: its run.json")  # unless --task says it
     return build_config(TrainConfig, saved, *layers)
 
 
