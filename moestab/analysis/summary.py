@@ -144,12 +144,26 @@ def _check_token_files(run: str | Path, skipped: list[Skipped] | None) -> None:
             skip(skipped, exc)
 
 
-def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[str, Any]:
+def in_window(metrics: pd.DataFrame, steps: tuple[int, int] | None) -> pd.DataFrame:
+    """The rows of a per-step frame whose ``step`` lies in ``steps`` (first, last; both included), all rows for
+    ``None``."""
+    if steps is None or not len(metrics):
+        return metrics
+    first, last = steps
+    if first > last:
+        raise ValueError(f"the step window must run forwards, got {first}..{last}")
+    return metrics[(metrics[keys.STEP] >= first) & (metrics[keys.STEP] <= last)]
+
+
+def run_summary(run: str | Path, skipped: list[Skipped] | None = None,
+                steps: tuple[int, int] | None = None) -> dict[str, Any]:
     """The summary row of one run (keys of :data:`SUMMARY_COLUMNS`).
 
     Raises ``NotARunError`` / ``SchemaVersionError`` / ``RunFileError`` when run.json itself is
     unusable. Anything else unreadable goes to ``skipped`` (raises with ``skipped=None``); without a
-    readable metrics.jsonl the stability columns come from the per-token tables.
+    readable metrics.jsonl the stability columns come from the per-token tables. ``steps``: the step means (and
+    ``measured_steps``) over these steps only (first, last; both included), so that runs of different lengths are
+    compared over the same steps (the dashboard's Compare page does the same); ``None``: every step.
     """
     info = read_run_info(run)
     metrics: pd.DataFrame | None
@@ -180,11 +194,12 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None) -> dict[s
         _check_token_files(run, skipped)
     if metrics is None and len(list_token_files(run)):
         metrics = step_metrics_from_tokens(run, skipped)
-    row.update(_step_means(metrics if metrics is not None else pd.DataFrame()))
+    row.update(_step_means(in_window(metrics, steps) if metrics is not None else pd.DataFrame()))
     return {name: row.get(name) for name in SUMMARY_COLUMNS}
 
 
-def summarize_runs(runs: Iterable[str | Path], skipped: list[Skipped] | None = None) -> pd.DataFrame:
+def summarize_runs(runs: Iterable[str | Path], skipped: list[Skipped] | None = None,
+                   steps: tuple[int, int] | None = None) -> pd.DataFrame:
     """:func:`run_summary` of each run, one row each (columns :data:`SUMMARY_COLUMNS`); errors propagate."""
-    rows = [run_summary(run, skipped) for run in runs]
+    rows = [run_summary(run, skipped, steps) for run in runs]
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))

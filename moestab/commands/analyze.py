@@ -28,12 +28,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser, json_what="the summary as a JSON list of objects (one per run)",
                        csv_what="the summary as CSV (one row per run)")
     parser.add_argument(
+        "--steps", metavar="FIRST:LAST", type=step_window,
+        help="average the stability columns over these steps only (both included), the same for every run: runs of "
+        "different lengths compared over the steps they all have (the dashboard's Compare page uses the same window)",
+    )
+    parser.add_argument(
         "--plots",
         metavar="DIR",
         type=Path,
         help="write PNG figures to DIR/<run>/ (curves, volatility heatmaps, ratio histograms, "
         "attribution) and, for several runs, DIR/curves.png",
     )
+
+
+def step_window(text: str) -> tuple[int, int]:
+    """``FIRST:LAST`` -> (first, last), 1 <= first <= last; argparse's error otherwise."""
+    first, sep, last = text.partition(":")
+    try:
+        window = (int(first), int(last))
+    except ValueError:
+        window = None
+    if not sep or window is None or not 1 <= window[0] <= window[1]:
+        raise argparse.ArgumentTypeError(f"give the steps as FIRST:LAST with 1 <= FIRST <= LAST (e.g. 1:17), got "
+                                         f"{text!r}")
+    return window
 
 
 def _report(skipped: list, stream, said: set) -> None:
@@ -51,7 +69,7 @@ def _format_table(frame) -> str:
     return shown.to_string(na_rep="-", float_format=lambda x: f"{x:.4g}")
 
 
-def _summaries(paths: list[Path], said: set) -> tuple[list[dict], int]:
+def _summaries(paths: list[Path], said: set, steps: tuple[int, int] | None = None) -> tuple[list[dict], int]:
     """The summary row of each readable run, and how many folders were errors (neither a run nor a probe folder,
     or a run that cannot be read); each error and each skipped probe folder is said on stderr."""
     from moestab.analysis.summary import run_summary
@@ -61,7 +79,7 @@ def _summaries(paths: list[Path], said: set) -> tuple[list[dict], int]:
     for path in paths:
         skipped: list = []
         try:
-            rows.append(run_summary(path, skipped))
+            rows.append(run_summary(path, skipped, steps))
         except NotARunError as exc:
             from moestab.probes.folder import describe_probe_folders  # torch: only when a folder is not a run
 
@@ -96,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"moestab analyze: error: {problem}", file=sys.stderr)
         return 2
     said: set = set()  # the summary and --plots may both find a corrupt file: said once
-    rows, errors = _summaries(args.runs, said)
+    rows, errors = _summaries(args.runs, said, args.steps)
     if not rows:
         print("moestab analyze: error: no readable run among the folders given", file=sys.stderr)
         return 1

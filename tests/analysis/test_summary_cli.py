@@ -334,3 +334,21 @@ def test_sampling_error_is_blank_where_none_applies_and_combined_where_sampled(f
     row = run_summary(fake_run.path)
     assert row["old_new_changed_se"] == pytest.approx(0.025, rel=1e-12)
     assert math.isnan(row["old_new_router_flip_se"])  # its key is still absent
+
+
+def test_steps_window_averages_every_run_over_the_same_steps(tmp_path, cli_main, capsys):
+    """``--steps 2:3``: the step means over steps 2 and 3 only, by hand from metrics.jsonl's lines."""
+    run = write_run(tmp_path, "a")
+    by_step = {m["step"]: m for m in run.metrics}
+    row = run_summary(run.path, steps=(2, 3))
+    for column, key in (("old_new_changed", "routing/old_new/changed"), ("rollout_old_free_router_flip",
+                                                                         "routing/rollout_old_free/router_flip")):
+        assert row[column] == pytest.approx((by_step[2][key] + by_step[3][key]) / 2, rel=1e-12), column
+    assert row["rollout_old_free_router_flip"] == pytest.approx(0.2)  # (0.16 + 0.24) / 2, not 0.16 over steps 1-3
+    assert row["measured_steps"] == 2 and row["steps"] == 3  # steps: still how far the run got
+    assert cli_main(["analyze", str(run.path), "--steps", "2:3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["old_new_changed"] == pytest.approx(row["old_new_changed"])
+    for bad in ("3:2", "0:2", "2", "a:b"):
+        with pytest.raises(SystemExit):
+            cli_main(["analyze", str(run.path), "--steps", bad])
+        assert "FIRST:LAST" in capsys.readouterr().err
