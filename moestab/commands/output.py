@@ -1,10 +1,11 @@
 """``--json [FILE]`` and ``--csv [FILE]``: one convention for every command that has them (analyze, probe).
 
-FILE given: the output is written there (its folder created). No FILE, or ``-``: it goes to stdout, which then carries
-that output only (the text tables are not printed), so ``moestab analyze runs/* --json | jq`` parses. Both options
-may be given as long as at most one goes to stdout. Without FILE the option goes after the positional arguments
-(``analyze RUN --json``): ``analyze --json RUN`` would read RUN as the FILE, which is why a FILE that is a folder
-is refused, saying so.
+FILE given: the output is written there, replacing a file already there, unless that file is a run's or a model
+folder's own (``moestab.records.owned``: refused before any work); missing folders are created, saying so. No FILE,
+or ``-``: it goes to stdout, which then carries that output only (the text tables are not printed), so
+``moestab analyze runs/* --json | jq`` parses. Both options may be given as long as at most one goes to stdout.
+Without FILE the option goes after the positional arguments (``analyze RUN --json``): ``analyze --json RUN`` would
+read RUN as the FILE, which is why a FILE that is a folder is refused, saying so.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from moestab.records.owned import owner
 
 STDOUT = "-"
 """The target of ``--json`` / ``--csv`` given without FILE (or with ``-``)."""
@@ -35,7 +38,8 @@ def add_output_options(parser: argparse.ArgumentParser, *, json_what: str, csv_w
 
 def output_problem(json_target: str | None, csv_target: str | None) -> str | None:
     """Why ``--json`` / ``--csv`` could not be written, checked before any work; ``None`` when they can: both on
-    stdout, a FILE that is a folder, or a FILE under a path that is a file."""
+    stdout, a FILE that is a folder, a FILE under a path that is a file, or a FILE that is a run's or a model
+    folder's own (:func:`moestab.records.owned.owner`)."""
     if json_target == STDOUT and csv_target == STDOUT:
         return "--json and --csv both go to stdout; give one of them a FILE"
     for option, target in (("--json", json_target), ("--csv", csv_target)):
@@ -48,6 +52,9 @@ def output_problem(json_target: str | None, csv_target: str | None) -> str | Non
         above = next((p for p in path.parents if p.exists()), None)
         if above is not None and not above.is_dir():
             return f"{option} {target}: {above} is a file, not a folder"
+        taken = owner(path)
+        if taken is not None:
+            return f"{option} {target} would replace {taken}; give another FILE"
     return None
 
 
@@ -57,12 +64,15 @@ def uses_stdout(json_target: str | None, csv_target: str | None) -> bool:
 
 
 def emit(text: str, target: str) -> None:
-    """``text`` to stdout (:data:`STDOUT`) or to the file ``target`` (its folder created)."""
+    """``text`` to stdout (:data:`STDOUT`) or to the file ``target`` (missing folders created, saying so)."""
     if not text.endswith("\n"):
         text += "\n"
     if target == STDOUT:
         sys.stdout.write(text)
         return
     path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in path.parents if not p.exists()]
+    if missing:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"moestab: created the folder {missing[-1]} for {target}", file=sys.stderr)  # never silently
     path.write_text(text)

@@ -11,6 +11,7 @@ The only package that reads or writes a run folder:
 - ``route_columns``  how the per-token tables' route columns hold expert ids (binary, version 3; lists, version 2)
 - ``lock``      one writer per run folder (``run_lock``)
 - ``files``     how files inside a run folder are written: never through a symbolic link (``PlantedLinkError``)
+- ``owned``     whose file a path is (a run's, a model folder's): output files never replace one
 - ``errors``    ``NotARunError``, ``SchemaVersionError``, ``RunFolderError``, ``RunFileError``, ``Skipped``
 """
 

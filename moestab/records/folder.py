@@ -210,12 +210,19 @@ class RunFolder:
         return (f"{self._describe(info)} that stopped before its first checkpoint, so there is nothing to resume; "
                 f"start over with {remedies.overwrite}")
 
-    def clear(self) -> None:
-        """Delete the run that :meth:`check_new` cleared for ``overwrite`` (checked again: still a run folder); the
-        folder and the lock file of the writer starting over stay."""
+    def clear(self) -> list[Path]:
+        """Delete the run that :meth:`check_new` cleared for ``overwrite`` (checked again: still a run folder): what a
+        run writes (:data:`~moestab.records.schema.RUN_CONTENTS`) and temporaries an interrupted write left. Anything
+        else there (a user's notes, analyses) stays, as do the folder and the lock file of the writer starting over.
+        Returns what was kept, for the caller to name."""
         self.info()  # raises unless it still is a run folder
+        kept = []
         for path in folder_contents(self.path):
-            remove(path)
+            if path.name in schema.RUN_CONTENTS or _is_temporary(path.name):
+                remove(path)  # a link is unlinked, never followed
+            else:
+                kept.append(path)
+        return kept
 
     # ---- resuming -------------------------------------------------------------------------------
     def resume_point(self) -> tuple[RunInfo, int]:
@@ -285,6 +292,18 @@ class RunFolder:
             free = "free space unknown"
         return (f"cannot write {target}: {DISK_ERRNOS[exc.errno]} ({os.strerror(exc.errno)}); a checkpoint of this "
                 f"model needs about {checkpoint_bytes / 2**20:.1f} MiB, {free} on {self.path}")
+
+
+def _is_temporary(name: str) -> bool:
+    """A name only an interrupted write leaves: ``.NAME.tmp``, ``.NAME.old``, the write probe."""
+    return name == _WRITE_PROBE or (name.startswith(".") and name.endswith((".tmp", ".old")))
+
+
+def kept_note(kept: list[Path]) -> str:
+    """`` (kept X, Y: not moestab's)`` for :meth:`RunFolder.clear`'s result, or ``""``."""
+    if not kept:
+        return ""
+    return f" (kept {', '.join(p.name + ('/' if p.is_dir() else '') for p in kept)}: not moestab's)"
 
 
 def replace_folder(path: Path, write: Callable[[Path], None]) -> None:

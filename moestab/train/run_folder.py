@@ -16,12 +16,13 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from moestab.configs import config_to_dict
 from moestab.recording.budget import RULE as MEASURE_RULE
+from moestab.recording.environment import environment as run_environment
 from moestab.records import RunFolder, RunFolderError, schema
+from moestab.records.folder import kept_note
 from moestab.records.lock import RunLockedError
 from moestab.records.run_info import ModelInfo, RunInfo
 from moestab.records.writer import RunWriter
@@ -115,10 +116,7 @@ def run_folder_lock(config: TrainConfig, log: Callable[[str], None]) -> Iterator
 
 def environment(world: World) -> dict:
     """What a run's numbers depend on besides its config (run.json ``environment``)."""
-    import transformers
-
-    return {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "world_size": world.size, "measure_rule": MEASURE_RULE}
+    return run_environment(world_size=world.size, measure_rule=MEASURE_RULE)
 
 
 class TrainRun:
@@ -159,8 +157,8 @@ class TrainRun:
             return self.writer.update(status=schema.STATUS_RUNNING, last_step=start_step, error=None,
                                       environment=environment(self.world)).warm_start_accuracy
         if delete_first:
-            self.folder.clear()
-            self.log(f"overwrite: deleted the previous run in {self.run_dir}")
+            kept = self.folder.clear()
+            self.log(f"overwrite: deleted the previous run in {self.run_dir}{kept_note(kept)}")
         resolved = config_to_dict(replace(self.config, out=str(self.run_dir), resume=None, overwrite=False))
         self.writer.start(config=resolved, model=model, environment=environment(self.world),
                           config_yaml=yaml.safe_dump(resolved, sort_keys=False))

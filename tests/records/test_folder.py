@@ -15,6 +15,7 @@ import pytest
 
 from moestab.records import Remedies, RunFolder, RunFolderError, schema
 from moestab.records.errors import NotARunError, RunFileError
+from moestab.records.folder import kept_note
 from moestab.records.lock import lock_path, run_lock
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
@@ -128,6 +129,21 @@ def test_clear_keeps_the_folder_and_the_lock_and_deletes_only_a_run(tmp_path):
         with pytest.raises(NotARunError):
             folder.clear()  # checked again: no longer a run folder
     assert not lock_path(folder.path).exists()
+
+
+def test_clear_deletes_what_a_run_wrote_and_keeps_what_the_user_kept_there(tmp_path):
+    folder = a_run(tmp_path / "run", checkpoints=(0,))
+    for name in (schema.TENSORBOARD_DIR, schema.WANDB_DIR, "analysis"):
+        (folder.path / name).mkdir()
+        (folder.path / name / "f").write_text("x")
+    (folder.path / "notes.txt").write_text("mine")
+    (folder.path / ".run.json.tmp").write_text("{")  # an interrupted write's
+    with run_lock(folder.path, note=pytest.fail):
+        kept = folder.clear()
+    assert [p.name for p in kept] == ["analysis", "notes.txt"]
+    assert sorted(p.name for p in folder.path.iterdir()) == ["analysis", "notes.txt"]
+    assert (folder.path / "notes.txt").read_text() == "mine" and (folder.path / "analysis" / "f").is_file()
+    assert kept_note(kept) == " (kept analysis/, notes.txt: not moestab's)" and kept_note([]) == ""
 
 
 def test_resume_point_is_the_last_complete_checkpoint(tmp_path):
