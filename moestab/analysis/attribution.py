@@ -226,7 +226,8 @@ def run_attribution(
     if with_margin:
         others.append(schema.COL_MARGIN_OLD)
     bad_margin: set[int] = set()
-    batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped)
+    batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped,
+                              num_experts=info.num_experts)
     for step, batch, routes in batches:
         router_flipped, recorded = router_flips(routes[col_a], routes[col_b])  # [rows, layers] each
         keep = recorded.any(axis=1)  # [rows] tokens with a recorded layer

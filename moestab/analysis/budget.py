@@ -35,7 +35,8 @@ def group_counts(run: str | Path, pair: str = "old_new", stat: str = "router_fli
     info = read_run_info(run)
     col_a, col_b = schema.ROUTE_PAIRS[pair]
     frames = []
-    for step, batch, routes in iter_run_routes(run, [col_a, col_b], info.top_k, [schema.COL_PROMPT]):
+    for step, batch, routes in iter_run_routes(run, [col_a, col_b], info.top_k, [schema.COL_PROMPT],
+                                               num_experts=info.num_experts):
         prompt = batch.column(schema.COL_PROMPT).to_numpy()  # [tokens]
         ids, group = np.unique(prompt, return_inverse=True)
         inter = intersection_sizes(routes[col_a], routes[col_b], threads=1)  # [tokens, layers]

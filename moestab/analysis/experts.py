@@ -38,7 +38,8 @@ def run_expert_counts(
     tables, streamed (``None`` if none is readable)."""
     info = read_run_info(run)
     total = None
-    for _, _, routes in iter_run_routes(run, [column], info.top_k, batch_rows=batch_rows, skipped=skipped):
+    for _, _, routes in iter_run_routes(run, [column], info.top_k, batch_rows=batch_rows, skipped=skipped,
+                                       num_experts=info.num_experts):
         counts = expert_counts(routes[column], info.num_experts)
         total = counts if total is None else total + counts
     return total

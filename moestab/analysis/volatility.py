@@ -399,7 +399,8 @@ def run_volatility(
     col_a, col_b = PAIRS[pair]
     others = [schema.COL_STEP, schema.COL_MINIBATCH, schema.COL_POSITION]
     accumulator: VolatilityAccumulator | None = None
-    batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped)
+    batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped,
+                              num_experts=info.num_experts)
     for _, batch, routes in prefetch(batches, read_ahead):
         routes_a, routes_b = routes[col_a], routes[col_b]  # [rows, layers, top_k] each
         if accumulator is None:

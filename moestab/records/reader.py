@@ -75,12 +75,23 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.Da
         if isinstance(step, bool) or not isinstance(step, int):
             skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
             continue
+        for key in [k for k, value in row.items() if k != "step" and not _is_metric_value(value)]:
+            shown = json.dumps(row.pop(key))
+            skip(skipped, RunFileError(path, f"line {number} (step {step}): {key!r} is {shown[:40]}, not a number, a "
+                                             "list of numbers or null; that value is left out"), line=number)
         rows.append(row)
     frame = pd.DataFrame.from_records(rows)
     if frame.empty:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     return frame.reset_index(drop=True)
+
+
+def _is_metric_value(value: Any) -> bool:
+    """A value metrics.jsonl may hold: a number (bool included), null, or a list (of lists) of those."""
+    if value is None or isinstance(value, int | float):
+        return True
+    return isinstance(value, list) and all(_is_metric_value(item) for item in value)
 
 
 def metrics_step_problem(run: str | Path) -> str | None:
@@ -298,17 +309,23 @@ def iter_run_routes(
     steps: Iterable[int] | None = None,
     batch_rows: int | None = None,
     skipped: list[Skipped] | None = None,
+    *,
+    num_experts: int | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch, dict[str, np.ndarray]]]:
     """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays (:func:`route_array`,
     either layout: each table is decoded by its own column types and schema metadata).
 
     Yields ``(step, batch, {column: routes})``. A file whose route column is malformed (a width that
-    is not a multiple of ``top_k``, route columns of different widths, a binary column without its layout)
-    goes to ``skipped`` from there on (raises with ``skipped=None``).
+    is not a multiple of ``top_k``, route columns of different widths, a binary column without its layout, or, given
+    ``num_experts``, an expert id outside ``0 .. num_experts - 1`` and -1) goes to ``skipped`` from there on (raises
+    with ``skipped=None``).
     """
     bad: set[int] = set()
+    first_row: dict[int, int] = {}  # step -> the file row of the batch's first row
     columns = [*route_columns, *(c for c in other_columns if c not in route_columns)]
     for step, batch in iter_run_batches(run, columns, steps=steps, batch_rows=batch_rows, skipped=skipped):
+        offset = first_row.get(step, 0)
+        first_row[step] = offset + batch.num_rows
         if step in bad:
             continue
         try:
@@ -316,12 +333,26 @@ def iter_run_routes(
             routes = {c: route_array(batch.column(c), top_k, layout) for c in route_columns}
             if len({r.shape[1] for r in routes.values()}) > 1:
                 raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
+            if num_experts is not None:
+                for column, ids in routes.items():
+                    _check_ids(ids, column, num_experts, offset)
         except (ValueError, pa.ArrowException) as exc:
             bad.add(step)
             where = Path(run) / schema.tokens_file(step)
             skip(skipped, RunFileError(where, f"malformed route column ({exc}); the rest of the file is left out"))
             continue
         yield step, batch, routes
+
+
+def _check_ids(ids: np.ndarray, column: str, num_experts: int, first_row: int) -> None:
+    """ValueError naming the first row of ``ids`` ``[rows, layers, top_k]`` (``first_row``: the file row of its row 0)
+    whose id is not -1 or an expert."""
+    bad = (ids < -1) | (ids >= num_experts)
+    if bad.any():
+        row, layer, slot = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{column} row {first_row + row}, layer {layer}, slot {slot} holds expert id "
+                         f"{int(ids[row, layer, slot])}; the run has {num_experts} experts (ids 0..{num_experts - 1}, "
+                         "-1 for none)")
 
 
 def margin_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

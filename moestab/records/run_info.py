@@ -253,6 +253,9 @@ class RunInfo:
         for key in ("algo", "routing_replay", "model", "steps"):
             if key not in info.config:
                 raise RunFileError(source, f"config lacks {key!r}")
+        problem = _implausible(info.model, info.last_step)
+        if problem:
+            raise RunFileError(source, problem)
         if info.replay not in schema.REPLAY_MODES:
             raise RunFileError(source, f"config.routing_replay {info.replay!r} is not one of {schema.REPLAY_MODES}")
         if info.status not in schema.STATUSES:
@@ -264,6 +267,22 @@ def _strs(values: Any) -> list[str]:
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise ValueError(f"expected a list of strings, got {values!r}")
     return values
+
+
+def _implausible(model: ModelInfo, last_step: int) -> str | None:
+    """What in run.json's model description (or ``last_step``) no run could have written, or None."""
+    if model.num_experts < 1:
+        return f"model.num_experts is {model.num_experts}; a MoE layer has at least 1 expert"
+    if not 1 <= model.top_k <= model.num_experts:
+        return f"model.top_k is {model.top_k}; valid: 1..num_experts ({model.num_experts})"
+    for name, layers in (("moe_layers", model.moe_layers), ("recorded_layers", model.recorded_layers)):
+        if any(layer < 0 for layer in layers) or len(set(layers)) != len(layers):
+            return f"model.{name} {list(layers)} must be distinct layer indices >= 0"
+    if not set(model.recorded_layers) <= set(model.moe_layers):
+        return f"model.recorded_layers {list(model.recorded_layers)} are not all MoE layers ({list(model.moe_layers)})"
+    if last_step < 0:
+        return f"last_step is {last_step}; valid: 0 or more"
+    return None
 
 
 def _ints(values: Any) -> list[int]:

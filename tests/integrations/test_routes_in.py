@@ -131,6 +131,13 @@ def test_vllm_bad_payloads_name_the_field_and_shape():
     flat[0].prompt_routed_experts = flat[0].prompt_routed_experts[:1]
     with pytest.raises(PayloadError, match=r"requests\[0\]\.prompt_routed_experts has shape \[1, 2, 2\]"):
         import_routes("vllm", flat, num_experts=EXPERTS)
+    with pytest.raises(PayloadError, match=r"moe_layers \[1, 1\] must be distinct indices"):
+        import_routes("vllm", vllm_one_array(rows), num_experts=EXPERTS, moe_layers=[1, 1])  # would count layer 1 twice
+    with pytest.raises(PayloadError, match=r"with top_k >= 1, got shape \[4, 2, 0\]"):
+        empty_k = vllm_one_array(rows)
+        for request in empty_k:
+            request.outputs[0].routed_experts = request.outputs[0].routed_experts[..., :0]
+        import_routes("vllm", empty_k, num_experts=EXPERTS)
 
 
 def test_physical_ids_are_mapped_to_logical_ones_per_layer():

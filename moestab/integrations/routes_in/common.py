@@ -154,8 +154,9 @@ def pick_layers(arr: np.ndarray, moe_layers: Sequence[int] | None, field: str) -
     if moe_layers is None:
         return arr, tuple(range(width))
     layers = tuple(int(x) for x in moe_layers)
-    if not layers or min(layers) < 0 or max(layers) >= width:
-        raise PayloadError(f"moe_layers {list(layers)} must index the {width} layer rows of {field} {tuple(arr.shape)}")
+    if not layers or min(layers) < 0 or max(layers) >= width or len(set(layers)) != len(layers):
+        raise PayloadError(f"moe_layers {list(layers)} must be distinct indices of the {width} layer rows of {field} "
+                           f"{tuple(arr.shape)}")
     return arr[..., list(layers), :], layers
 
 
@@ -213,9 +214,9 @@ def lay_out(
     rows: list[np.ndarray] = []
     layers: tuple[int, ...] = ()
     for seq in sequences:
-        if seq.rows.ndim != 3:
-            raise PayloadError(f"{seq.field} must be [tokens, layers, top_k], got shape {list(seq.rows.shape)} "
-                               f"({seq.rows.dtype})")
+        if seq.rows.ndim != 3 or seq.rows.shape[-1] < 1:
+            raise PayloadError(f"{seq.field} must be [tokens, layers, top_k] with top_k >= 1, got shape "
+                               f"{list(seq.rows.shape)} ({seq.rows.dtype})")
         picked, layers = pick_layers(seq.rows, moe_layers, seq.field)
         rows.append(checked_ids(picked, seq.field, num_experts, physical_to_logical))
     prompts, responses = [s.prompt for s in sequences], [s.response for s in sequences]
