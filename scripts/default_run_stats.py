@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from moestab.metrics import keys
+from moestab.recording.environment import cpu
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
@@ -87,9 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         info, metrics = read_run_info(out), load_metrics(out)
         for label, get, _ in ROWS:
             values[label].append(float(get(info, metrics)))
-        print(f"seed {seed}: {out} ({info.status}, {info.environment.get('torch_threads')} threads)", flush=True)
+        recorded = info.environment.get("cpu") or {}  # absent in runs written before run.json named the CPU
+        print(f"seed {seed}: {out} ({info.status}, {info.environment.get('torch_threads')} threads, CPU "
+              f"{recorded.get('model')} {recorded.get('capability')}): eval accuracy "
+              f"{100 * info.warm_start_accuracy:.1f}% -> {100 * info.final_accuracy:.1f}%", flush=True)
 
-    print(f"\n{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}), {args.threads} torch threads; "
+    here = cpu()
+    print(f"\nCPU of this process: {here['model']} ({here['machine']}, torch kernels {here['capability']})")
+    print(f"{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}), {args.threads} torch threads; "
           f"{name}; wall time per run (warm start + RL): "
           + (", ".join(f"{t:.0f} s" for t in times) if times else "runs reused"))
     print("\n| quantity | mean +- sd |\n|---|---|")

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 import trl
 import yaml
 from transformers import TrainerCallback
@@ -27,6 +26,7 @@ from moestab.integrations.trl.settings import RecordSettings, check_supported, c
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
 from moestab.recording.budget import RULE
+from moestab.recording.environment import environment as run_environment
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_tensors import StepTensors
@@ -153,8 +153,7 @@ class TrlRecords:
         args, model = self.trainer.args, self.trainer.model
         name = model.config.name_or_path or f"{model.config.model_type} (built in code)"
         config = run_config(args, model=name, steps=max_steps // self.layout.optimizer_steps, settings=self.settings)
-        environment = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                       "transformers": transformers.__version__, "trl": trl.__version__, "measure_rule": RULE}
+        environment = run_environment(trl=trl.__version__, measure_rule=RULE)
         writer = RunWriter(self.run_dir)
         writer.start(config=config, model=self.model_info, environment=environment,
                      config_yaml=yaml.safe_dump(config, sort_keys=False), subfolders=RUN_SUBFOLDERS)
