@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from moestab.integrations.routes_in import PayloadError
-from moestab.integrations.verl import route_metrics
+from moestab.integrations.verl import MissingLogProbsWarning, route_metrics
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
 from moestab.records import schema
 from tests.integrations.test_routes_in import EXPERTS, RESPONSES, TOP_K, known_rows, verl_batch
@@ -55,6 +56,28 @@ def test_route_metrics_on_verl_layout():
     check(batch, rollout, actor)
     with pytest.raises(PayloadError, match="the batch has no 'actor_routed_experts'"):
         route_metrics({k: v for k, v in batch.items() if k != "actor_routed_experts"}, num_experts=EXPERTS)
+
+
+@pytest.mark.parametrize("missing", [("rollout_log_probs",), ("old_log_probs",),
+                                     ("rollout_log_probs", "old_log_probs")])
+def test_route_metrics_warns_once_without_log_probs(missing):
+    batch, rollout, actor = batch_with_actor_routes()
+    given = {key: value for key, value in batch.items() if key not in missing}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per message and calling line
+        for _ in range(3):  # three steps of a run, one calling line
+            out = route_metrics(given, num_experts=EXPERTS)
+    assert [w.category for w in caught] == [MissingLogProbsWarning]
+    assert caught[0].filename == __file__  # points at the caller's line, so each call site warns once
+    message = str(caught[0].message)
+    assert all(repr(key) in message for key in missing) and "routing keys only" in message
+    expected = route_diagnostics(rollout, actor)  # the routing keys, no log-probs
+    assert {k for k in out if "/layer_" not in k} == {"moestab/" + k for k, v in expected.items()
+                                                      if not isinstance(v, list)}
+    assert not any("mismatch" in k or "rollout_probs_diff" in k for k in out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingLogProbsWarning)
+        assert "moestab/training/rollout_probs_diff_mean" in route_metrics(batch, num_experts=EXPERTS)
 
 
 def test_route_metrics_appends_to_a_run_folder(tmp_path):

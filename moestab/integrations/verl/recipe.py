@@ -17,12 +17,23 @@ the dict also holds the log-prob mismatch (k3, F(2), verl's own ``rollout_probs_
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from moestab.integrations.routes_in.common import PayloadError
 from moestab.integrations.routes_in.verl import from_verl, has, tensors_of
 from moestab.metrics import keys
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
+
+LOG_PROB_REMEDIES = {
+    "rollout_log_probs": "the rollout's come with actor_rollout_ref.rollout.calculate_log_probs=True",
+    "old_log_probs": "the actor's are there after batch = batch.union(old_log_prob)",
+}
+"""The log-probs the mismatch metrics need, and how a verl run puts each in the batch."""
+
+
+class MissingLogProbsWarning(UserWarning):
+    """:func:`route_metrics` got a batch without log-probs: it returns routing keys only."""
 
 
 def route_metrics(
@@ -40,6 +51,9 @@ def route_metrics(
     threads: int | None = 1,
 ) -> dict[str, float]:
     """moestab's rollout -> actor diagnostics of a verl ``DataProto`` (or mapping of its tensors), for verl's logger.
+
+    Without ``rollout_log_probs`` or ``old_log_probs`` in the batch it returns routing keys only and warns
+    (:class:`MissingLogProbsWarning`, once per calling line under Python's default warning filter).
 
     Args:
         batch: the step's batch, with ``rollout_key`` and ``trainer_key`` routes, ``responses``, ``attention_mask``
@@ -59,7 +73,13 @@ def route_metrics(
     trainer = from_verl(batch, num_experts=num_experts, key=trainer_key, top_k=top_k)
     tensors = tensors_of(batch)
     logp = {}
-    if has(tensors, "rollout_log_probs") and has(tensors, "old_log_probs"):
+    missing = [key for key in LOG_PROB_REMEDIES if not has(tensors, key)]
+    if missing:
+        # Once per calling line (Python's default filter): a verl run calls this every step.
+        warnings.warn("route_metrics: the batch has no " + " or ".join(repr(key) for key in missing)
+                      + ", so the metrics hold routing keys only (no k3, F(2) or rollout_probs_diff_*); "
+                      + "; ".join(LOG_PROB_REMEDIES[key] for key in missing), MissingLogProbsWarning, stacklevel=2)
+    else:
         logp = {"logp_rollout": rollout.per_token(tensors["rollout_log_probs"], "batch['rollout_log_probs']"),
                 "logp_trainer": rollout.per_token(tensors["old_log_probs"], "batch['old_log_probs']")}
     if rollout.routes.indices.shape != trainer.routes.indices.shape:
