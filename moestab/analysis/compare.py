@@ -365,8 +365,8 @@ def paired_difference(means: pd.DataFrame, groups: Mapping[str, str], seeds: Map
     """Group ``a`` minus group ``b``: each run's window mean (:func:`window_means`) paired with the other group's run
     of the same seed (``seeds``: run -> its config's seed as :func:`field_text` writes it, :data:`ABSENT` when its
     config has none), the differences' mean and ``level`` t-interval. A run is left out, saying why, when its config
-    names no seed, when its seed has no run in the other group, or when two runs of its group share its seed (which
-    to pair is not known)."""
+    names no seed, when no run of its seed in the other group has a window mean, or when two runs of one group share
+    its seed (which to pair is not known)."""
     if a == b:
         raise ValueError(f"a paired difference needs two groups, got {a!r} twice")
     value = dict(zip(means["run"], means["mean"], strict=True))
@@ -388,7 +388,7 @@ def paired_difference(means: pd.DataFrame, groups: Mapping[str, str], seeds: Map
         crowded = [group for group in (a, b) if len(runs[group]) > 1]
         for group, other in ((a, b), (b, a)):
             why = (f"seed {seed} has {len(runs[crowded[0]])} runs in {crowded[0]}" if crowded
-                   else f"no run of seed {seed} in {other}")
+                   else f"no run of seed {seed} in {other} has a value in the window")
             unpaired += [(run, why) for run in runs[group]]
     pairs = pd.DataFrame(rows, columns=list(PAIR_COLUMNS)).astype({c: np.float64 for c in ("a", "b", "difference")})
     pairs = pairs.sort_values("seed", key=lambda s: s.map(_seed_order), kind="stable").reset_index(drop=True)

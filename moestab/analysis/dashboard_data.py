@@ -21,11 +21,11 @@ from moestab.analysis.summary import run_summary
 from moestab.metrics import keys
 from moestab.metrics.experts import coactivation_counts
 from moestab.records import RunFolder, schema
-from moestab.records.errors import Skipped
+from moestab.records.errors import RunError, Skipped
 from moestab.records.folder import RUN_SUBFOLDERS
-from moestab.records.reader import iter_run_batches, read_run_info, route_array, route_layout
+from moestab.records.reader import iter_run_batches, load_metrics, read_run_info, route_array, route_layout
 
-OVERVIEW_EXTRA_COLUMNS = ("planned_steps", "updated", "error")
+OVERVIEW_EXTRA_COLUMNS = ("planned_steps", "updated", "error", "first_step", "last_step")
 """Keys :func:`run_overview` adds to :func:`moestab.analysis.summary.run_summary`'s row."""
 
 
@@ -96,7 +96,9 @@ def run_fingerprint(run: str | Path) -> tuple[tuple[str, int, int], ...]:
 
 def run_overview(run: str | Path, skipped: list[Skipped] | None = None) -> dict[str, Any]:
     """:func:`~moestab.analysis.summary.run_summary`'s row plus ``planned_steps`` (``config.steps``),
-    ``updated`` (run.json's ISO time) and ``error`` (a failed run's message, else ``None``).
+    ``updated`` (run.json's ISO time), ``error`` (a failed run's message, else ``None``) and ``first_step`` /
+    ``last_step``: the steps of metrics.jsonl, which the row's step means cover (``None`` without a readable step:
+    then its means, if any, come from the token tables).
 
     Raises what ``run_summary`` raises when run.json is unusable.
     """
@@ -105,6 +107,11 @@ def run_overview(run: str | Path, skipped: list[Skipped] | None = None) -> dict[
     row["planned_steps"] = info.planned_steps
     row["updated"] = info.updated or None
     row["error"] = info.error
+    try:
+        steps = load_metrics(run, skipped=[])[keys.STEP]  # what it skips, run_summary has said
+    except RunError:
+        steps = pd.Series(dtype=np.int64)
+    row["first_step"], row["last_step"] = (int(steps.min()), int(steps.max())) if len(steps) else (None, None)
     return row
 
 

@@ -153,22 +153,22 @@ def is_percent(key: str) -> bool:
 
 
 def at_float_precision(value: float) -> bool:
-    """Whether ``value`` is zero up to float rounding (:data:`FLOAT_PRECISION`); NaN is not."""
-    return math.isfinite(value) and abs(value) < FLOAT_PRECISION
+    """Whether ``value`` is zero up to float rounding without being 0 (:data:`FLOAT_PRECISION`); NaN is not."""
+    return math.isfinite(value) and 0 < abs(value) < FLOAT_PRECISION
 
 
 def format_value(value: float | None, percent: bool = False, *, difference: bool = False) -> str:
     """The text a table shows for a value: ``""`` for a missing one (NaN, None: nothing applies), ``0 (at float
-    precision)`` below :data:`FLOAT_PRECISION`, else three significant digits (``14.2%`` for a share when
-    ``percent``, ``4.65e-04`` below 0.001). ``difference``: a signed difference (``+1.23``; of shares in percentage
-    points, ``+1.23 pp``)."""
+    precision)`` below :data:`FLOAT_PRECISION` (0 itself is ``0``), else three significant digits (``14.2%`` for a
+    share when ``percent``, ``4.65e-04`` below 0.001). ``difference``: a signed difference (``+1.23``; of shares in
+    percentage points, ``+1.23 pp``)."""
     if value is None or not math.isfinite(value):
         return ""
     if at_float_precision(value):
         return AT_PRECISION
     shown = value * 100 if percent else value
     text = f"{shown:.3g}"
-    if "e" in text or (not percent and abs(shown) < 1e-3):
+    if "e" in text or (not percent and 0 < abs(shown) < 1e-3):
         text = f"{shown:.2e}"
     unit = (" pp" if difference else "%") if percent else ""
     return f"{'+' if difference and value > 0 else ''}{text}{unit}"

@@ -114,7 +114,7 @@ def test_runs_that_cannot_be_paired_are_named_with_the_reason() -> None:
         "grpo-s1": "seed 1 has 2 runs in gspo",  # which gspo run to pair it with is not known
         "gspo-s1": "seed 1 has 2 runs in gspo",
         "gspo-dup": "seed 1 has 2 runs in gspo",
-        "grpo-s2": "no run of seed 2 in gspo",
+        "grpo-s2": "no run of seed 2 in gspo has a value in the window",
     }
     with pytest.raises(ValueError, match="two groups"):
         paired_difference(window_means(curves(FRAMES, KEY), (1, 4)), GROUPS, SEEDS, "grpo", "grpo")

@@ -45,8 +45,9 @@ def test_labels_name_the_pair_and_shares_are_percent() -> None:
 
 
 def test_float_precision_and_the_text_of_a_value() -> None:
-    assert at_float_precision(1.3e-13) and at_float_precision(-4e-10) and at_float_precision(0.0)
+    assert at_float_precision(1.3e-13) and at_float_precision(-4e-10)
     assert not at_float_precision(2e-9) and not at_float_precision(math.nan)
+    assert not at_float_precision(0.0) and format_value(0.0) == "0" and format_value(0.0, percent=True) == "0%"
     assert format_value(1.3e-13) == AT_PRECISION == "0 (at float precision)"
     assert format_value(1.3e-13, percent=True) == AT_PRECISION
     assert format_value(0.142, percent=True) == "14.2%"  # README's "14.2%"

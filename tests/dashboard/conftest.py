@@ -43,6 +43,30 @@ def trained_runs(tmp_path_factory) -> Path:
     return root
 
 
+ALGO_SEED_STEPS = {"grpo": 4, "gspo": 5}
+"""Steps of each objective's runs in :func:`algo_seed_runs`: GSPO runs on past GRPO's last step (the issue's 1-17
+against 1-57, shrunk), so the steps every run has are 1-4."""
+
+
+@pytest.fixture(scope="session")
+def algo_seed_runs(tmp_path_factory) -> Path:
+    """A runs folder with GRPO and GSPO (replay off) on seeds 0 and 1 of the tiny task (``grpo-s0`` ... ``gspo-s1``),
+    GRPO for 4 steps and GSPO for 5, every step measured: the runs a "GRPO against GSPO, by how much" question
+    compares (about 3 s each)."""
+    from moestab.train import train
+    from tests.train.helpers import tiny_config
+
+    cache = tmp_path_factory.mktemp("moestab-cache")
+    root = tmp_path_factory.mktemp("algo-seed-runs")
+    for algo, steps in ALGO_SEED_STEPS.items():
+        for seed in (0, 1):
+            last = max(ALGO_SEED_STEPS.values())  # one schedule for all (the last step saves and evaluates anyway)
+            result = train(tiny_config(root / f"{algo}-s{seed}", cache, algo=algo, seed=seed, steps=steps,
+                                       save_every=last, eval_every=last))
+            assert result.status == "finished", result
+    return root
+
+
 @pytest.fixture
 def runs_copy(trained_runs: Path, tmp_path: Path) -> Path:
     """A private copy of :func:`trained_runs` (without checkpoints) that a test may damage."""

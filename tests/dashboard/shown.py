@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -90,3 +91,20 @@ def assert_interactive_with_csv(at, served: dict[str, tuple[str | None, bytes]])
         zooms = kind == "lines" or "by layer and step" in chart.alt  # other heatmaps have categorical axes
         assert ("scales" in binds) == zooms, f"{chart.alt}: zoom {zooms} expected, binds {binds}"
         pd.testing.assert_frame_equal(served_csv(served, chart.alt), chart.data, check_dtype=False)
+
+
+T_975_DF1 = math.tan(math.pi * (0.975 - 0.5))
+"""The 97.5% quantile of Student's t with 1 degree of freedom (the Cauchy distribution): tan(pi (p - 1/2)) = 12.706,
+the interval's factor for two seeds, in closed form (independent of moestab.metrics.paired's numerical quantile)."""
+
+
+def shown_number(text: str) -> float:
+    """A value as the dashboard's tables write it, read back as a number (a share's percent or pp as a fraction;
+    ``0 (at float precision)`` as 0)."""
+    text = text.strip()
+    if text == "0 (at float precision)":
+        return 0.0
+    for unit in (" pp", "%"):
+        if text.endswith(unit):
+            return float(text.removesuffix(unit)) / 100
+    return float(text)

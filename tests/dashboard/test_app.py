@@ -53,10 +53,10 @@ EXPECTED_CHARTS = {
         "Eval accuracy",
         "Response length (mean) against step",
         "Policy loss (mean over minibatches) against step",
-        "KL(pi_old ‖ pi_new)",
+        "KL from pi_old to the updated policy",
         "Gradient norm (before clipping, mean over minibatches) against step",
         "Clipped tokens, minibatches 2..n (GSPO Fig. 2) against step",
-        "Routing's share of Var(log w)",  # the R2 run measures it (--routing-share); the off run's line is absent
+        "Routing's share of the variance of log w",  # the R2 run measures it (--routing-share); the off run's is absent
         "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it) against step",
         "Rollout vs the trainer's free pi_old, k3 against step",
     ],

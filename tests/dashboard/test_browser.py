@@ -14,6 +14,9 @@ or numerics probe folder.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import shutil
 import signal
@@ -29,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from moestab.analysis.compare import DEFAULT_KEYS
+from tests.dashboard.shown import T_975_DF1, shown_number
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
@@ -140,8 +144,14 @@ def served_root(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(served_root: Path, tmp_path_factory) -> Iterator[str]:
     """``moestab dashboard ROOT --port P --no-browser`` as a subprocess; yields its base URL."""
+    with serve(served_root, tmp_path_factory.mktemp("server")) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve(served_root: Path, folder: Path) -> Iterator[str]:
+    """``moestab dashboard served_root`` started in ``folder`` (its log there) until the block ends; yields its URL."""
     port = free_port()
-    folder = tmp_path_factory.mktemp("server")
     log = (folder / "server.log").open("w")
     process = subprocess.Popen(
         [sys.executable, "-m", "moestab.cli", "dashboard", str(served_root), "--port", str(port), "--no-browser"],
@@ -344,3 +354,56 @@ def test_compare_groups_in_chromium(server: str, page: Page, tmp_path: Path) -> 
 def band_paths(chart) -> int:
     """Shaded bands (area marks with a drawn outline) of a chart."""
     return chart.locator('svg g.mark-area path[d*="L"]').count()
+
+
+# Each static table of the page (st.table) as rows of cell texts, header row first.
+TABLES = """() => Array.from(document.querySelectorAll('[data-testid="stTable"] table')).map(t =>
+    Array.from(t.querySelectorAll('tr'))
+        .map(r => Array.from(r.querySelectorAll('th, td')).map(c => c.innerText.trim())))"""
+
+@pytest.fixture(scope="module")
+def algo_server(algo_seed_runs: Path, tmp_path_factory) -> Iterator[str]:
+    """The dashboard over GRPO (4 steps) and GSPO (5 steps) runs on seeds 0 and 1."""
+    with serve(algo_seed_runs, tmp_path_factory.mktemp("algo-server")) as url:
+        yield url
+
+
+def test_grpo_against_gspo_by_how_much_matches_moestab_analyze(algo_server: str, algo_seed_runs: Path,
+                                                               page: Page) -> None:
+    """"Does GRPO change more routes than GSPO, by how much, with what interval?", read from the rendered Compare page,
+    is what ``moestab analyze --steps 1:4`` gives for the same runs and steps: each run's mean old -> new routing change
+    over steps 1-4 (GSPO's step 5 left out), paired by seed, their mean difference and its 95% t-interval (t with 1
+    degree of freedom in closed form)."""
+    open_settled(page, f"{algo_server}/", "Compare", len(DEFAULT_KEYS))
+    page.get_by_text("Paired difference: group").wait_for(timeout=60_000)
+    settle(page, "Compare", len(DEFAULT_KEYS))
+    assert page.locator(ERRORS).count() == 0
+    body = page.inner_text("body")
+    assert "Every run's mean over steps 1–4, the same steps for every run" in body
+    assert "algo=grpo − algo=gspo" in body
+    tables = page.evaluate(TABLES)
+    paired = next(t for t in tables if "95% interval" in t[0])
+    header = paired[0]
+    row = next(r for r in paired[1:] if r[0] == "Routing change old → new")
+    cell = dict(zip(header, row, strict=True))
+    shown = shown_number(cell["difference"])
+    low, high = (shown_number(part) for part in cell["95% interval"].split(" to "))
+
+    runs = [algo_seed_runs / f"{algo}-s{seed}" for algo in ("grpo", "gspo") for seed in (0, 1)]
+    result = subprocess.run([sys.executable, "-m", "moestab.cli", "analyze", *map(str, runs), "--steps", "1:4",
+                             "--json"], capture_output=True, text=True, check=True)
+    changed = {record["run"]: record["old_new_changed"] for record in json.loads(result.stdout)}
+    d = [changed[f"grpo-s{seed}"] - changed[f"gspo-s{seed}"] for seed in (0, 1)]
+    mean = (d[0] + d[1]) / 2
+    half = T_975_DF1 * (abs(d[0] - d[1]) / math.sqrt(2)) / math.sqrt(2)  # t * sd / sqrt(n), sd of two = |d0-d1|/sqrt 2
+    for text, value, expected in ((cell["difference"], shown, mean), ("low", low, mean - half),
+                                  ("high", high, mean + half)):
+        assert value == pytest.approx(expected, rel=5.01e-3, abs=1e-12), (text, cell, expected)  # 3 digits shown
+    assert cell["seeds paired"] == "2" and cell["seeds"] == "0, 1"
+    # The answer to "does GRPO change more routes": the sign of the difference, and whether the interval holds 0.
+    assert (shown > 0) == (mean > 0) and (low < 0 < high) == (mean - half < 0 < mean + half)
+
+    groups = next(t for t in tables if "± se" in t[0])
+    grpo = dict(zip(groups[0], next(r for r in groups[1:] if r[:2] == ["Routing change old → new", "algo=grpo"]),
+                    strict=True))
+    assert shown_number(grpo["mean"]) == pytest.approx((changed["grpo-s0"] + changed["grpo-s1"]) / 2, rel=5.01e-3)

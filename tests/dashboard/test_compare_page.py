@@ -23,10 +23,16 @@ from moestab.analysis.compare import DEFAULT_KEYS
 from moestab.recording.diagnostics import DiagnosticsRun
 from moestab.records import schema
 from tests.dashboard.conftest import COMPARE_PAGE
-from tests.dashboard.shown import assert_interactive_with_csv, chart_alts, chart_named, charts_on
-from tests.dashboard.test_app import texts
+from tests.dashboard.shown import (
+    T_975_DF1,
+    assert_interactive_with_csv,
+    chart_alts,
+    chart_named,
+    charts_on,
+    shown_number,
+)
+from tests.dashboard.test_app import RUNS_PAGE, texts
 
-RUNS_PAGE = "app_pages/runs.py"
 CHANGED = "routing/old_new/changed"
 MEAN_BY_GROUP = "against step, mean ± sd by group"
 EACH_RUN = "against step, each run"
@@ -34,10 +40,12 @@ VERL_KEYS = {key: [0.5, 0.6, 0.7] for key in DEFAULT_KEYS}  # every headline key
 
 
 def write(path: Path, trainer: str, algo: str, series: dict[str, list]) -> None:
+    """A run of as many steps as the series have values (3 unless said), planned for as many."""
+    steps = len(next(iter(series.values())))
     with DiagnosticsRun(path, trainer=trainer, algo=algo, model="tiny", layers=[0, 1], num_experts=4, top_k=2,
-                        steps=3) as run:
-        for i, step in enumerate((1, 2, 3)):
-            run.log(step, {key: values[i] for key, values in series.items()})
+                        steps=steps) as run:
+        for i in range(steps):
+            run.log(i + 1, {key: values[i] for key, values in series.items()})
 
 
 @pytest.fixture
@@ -179,3 +187,121 @@ def test_every_readable_run_is_selected_even_beyond_six(make_app, tmp_path: Path
     assert rows.at[1, "mean"] == pytest.approx(0.35, abs=1e-12)
     assert rows.at[1, "sd"] == pytest.approx(0.1 * math.sqrt(6), abs=1e-12)
     assert rows.at[1, "n"] == 8
+
+
+K3 = "mismatch/rollout_old/k3"
+
+
+@pytest.fixture
+def uneven_runs(tmp_path: Path) -> Path:
+    """GRPO to step 3, GSPO to step 5 (the issue's 17 against 57, shrunk); k3 at float precision in every run."""
+    root = tmp_path / "runs"
+    tiny = [1e-13, 3e-14, 2e-13]
+    write(root / "grpo" / "s0", "verl", "grpo", {CHANGED: [0.1, 0.2, 0.3], K3: tiny})
+    write(root / "grpo" / "s1", "verl", "grpo", {CHANGED: [0.3, 0.4, 0.5], K3: [2e-13, 1e-13, 3e-13]})
+    write(root / "gspo" / "s0", "verl", "gspo", {CHANGED: [0.05] * 3 + [0.9] * 2, K3: tiny + tiny[:2]})
+    write(root / "gspo" / "s1", "verl", "gspo", {CHANGED: [0.15] * 3 + [0.9] * 2, K3: tiny + tiny[:2]})
+    return root
+
+
+def by_how_much(at) -> dict[tuple[str, str], dict]:
+    """The group table of the "By how much" section: (metric title, group) -> its row."""
+    frame = at.table[0].value.reset_index()
+    return {(row["metric"], row["group"]): row for row in frame.to_dict("records")}
+
+
+def test_by_how_much_uses_the_steps_every_run_has(make_app, uneven_runs: Path) -> None:
+    at = make_app(uneven_runs).run()
+    assert not at.exception and not at.error, texts([*at.exception, *at.error])
+    # steps (3 against 5) is no condition: the runs group by algo alone.
+    assert at.multiselect(key="compare_group_by").value == ["algo"]
+    at.multiselect(key="compare_metrics").set_value([CHANGED, K3]).run()
+    assert at.slider(key="compare_window").value == (1, 3)  # the steps every run has
+    caption = texts(at.caption)
+    assert "Every run's mean over steps 1–3, the same steps for every run" in caption
+    assert "gspo/s0 (steps 1–5)" in caption and "gspo/s1 (steps 1–5)" in caption  # their later steps left out
+    rows = by_how_much(at)
+    # grpo: window means 0.2 and 0.4 -> 0.3 = 30%; se = sd / sqrt(2) = 0.141421 / 1.414214 = 0.1 = 10%.
+    grpo = rows[("Routing change old → new", "algo=grpo")]
+    assert (grpo["runs"], grpo["mean"], grpo["± se"], grpo["unit"]) == (2, "30%", "10%", "% of routed slots")
+    # gspo over steps 1-3: 0.05 and 0.15 -> 10% +- 5% (over steps 1-5 it would be 39% and 45%).
+    gspo = rows[("Routing change old → new", "algo=gspo")]
+    assert (gspo["mean"], gspo["± se"]) == ("10%", "5%")
+    # k3 ~ 1e-13 is zero at float precision, said so; its unit in words.
+    k3 = rows[("Mismatch rollout → trainer (pi_old as used), k3 estimate", "algo=grpo")]
+    assert (k3["mean"], k3["± se"], k3["unit"]) == ("0 (at float precision)", "0 (at float precision)",
+                                                    "nats per token")
+    # Narrowed to steps 2-3: grpo 0.25 and 0.45 -> 35% +- 10%.
+    at.slider(key="compare_window").set_value((2, 3)).run()
+    assert by_how_much(at)[("Routing change old → new", "algo=grpo")]["mean"] == "35%"
+    assert "Every run's mean over steps 2–3" in texts(at.caption)
+    # No seed in a diagnostics run's config: nothing to pair, and each run is named with the reason.
+    assert at.selectbox(key="compare_diff_a").value == "algo=grpo"
+    assert at.selectbox(key="compare_diff_b").value == "algo=gspo"
+    assert "No seed has a run in both algo=grpo and algo=gspo" in texts(at.info)
+    assert "Left out of the pairs of *Routing change old → new*: **grpo/s0** (its config names no seed)" in texts(
+        at.caption)
+    # Readable chart titles and axis labels in words with units; shares drawn in percent.
+    spec = chart_named(at, f"{CHANGED} {MEAN_BY_GROUP}").spec
+    assert spec["title"]["text"] == ["Routing change old → new"]
+    line = spec["layer"][1]["encoding"]
+    assert line["y"]["title"] == "% of routed slots" and line["y"]["axis"]["format"] == "~p"
+    assert line["x"]["title"] == "training step"
+    for chart in charts_on(at):
+        assert "`" not in json.dumps(chart.spec["title"]), chart.spec["title"]
+
+
+def test_the_runs_page_says_which_steps_its_means_cover(make_app, uneven_runs: Path) -> None:
+    import pyarrow as pa
+
+    at = make_app(uneven_runs).run()
+    at.switch_page(RUNS_PAGE).run()
+    table = at.dataframe[0].value.set_index("run")
+    assert table["means_over"].to_dict() == {"grpo/s0": "1–3", "grpo/s1": "1–3", "gspo/s0": "1–5", "gspo/s1": "1–5"}
+    warning = texts(at.warning)
+    assert "The runs' means cover different steps" in warning and "gspo/s0 1–5" in warning
+    # The numbers stay numbers; the cells show percent for shares and 0 at float precision for k3.
+    assert table.at["grpo/s0", "old_new_changed"] == pytest.approx(0.2)
+    shown = pa.ipc.open_stream(at.dataframe[0].proto.arrow_data.styler.display_values).read_pandas()
+    columns = list(at.dataframe[0].value.columns)
+    first = shown.iloc[0]
+    assert first.iloc[columns.index("old_new_changed")] == "20%"
+    assert first.iloc[columns.index("rollout_old_k3")] == "0 (at float precision)"
+
+
+def assert_shown(text: str, expected: float) -> None:
+    """``text`` (three significant digits) is ``expected`` rounded: within half a unit of its third digit."""
+    assert shown_number(text) == pytest.approx(expected, rel=5.01e-3, abs=1e-12), (text, expected)
+
+
+@pytest.mark.slow
+def test_grpo_minus_gspo_paired_by_seed(make_app, algo_seed_runs: Path) -> None:
+    """GRPO (4 steps) against GSPO (5 steps) on seeds 0 and 1: the page's paired difference of the old -> new routing
+    change over steps 1-4 is the one computed here from metrics.jsonl's lines with plain Python."""
+    at = make_app(algo_seed_runs).run()
+    assert not at.exception and not at.error, texts([*at.exception, *at.error])
+    assert at.multiselect(key="compare_group_by").value == ["algo"]  # steps and seed are no condition
+    assert at.slider(key="compare_window").value == (1, 4)
+    assert (at.selectbox(key="compare_diff_a").value, at.selectbox(key="compare_diff_b").value) == (
+        "algo=grpo", "algo=gspo")
+
+    def window_mean(run: str) -> float:
+        lines = [json.loads(line) for line in (algo_seed_runs / run / schema.METRICS_JSONL).read_text().splitlines()]
+        values = [line[CHANGED] for line in lines if 1 <= line["step"] <= 4]
+        assert len(values) == 4
+        return sum(values) / 4
+
+    d = [window_mean(f"grpo-s{seed}") - window_mean(f"gspo-s{seed}") for seed in (0, 1)]
+    mean = (d[0] + d[1]) / 2
+    half = T_975_DF1 * abs(d[0] - d[1]) / math.sqrt(2) / math.sqrt(2)  # sd of two values = |d0 - d1| / sqrt(2)
+    paired = at.table[1].value
+    row = paired.loc["Routing change old → new"]
+    assert row["seeds paired"] == 2 and row["seeds"] == "0, 1"
+    assert_shown(row["difference"], mean)
+    low, high = row["95% interval"].split(" to ")
+    assert_shown(low, mean - half)
+    assert_shown(high, mean + half)
+    groups = by_how_much(at)
+    grpo = [window_mean(f"grpo-s{seed}") for seed in (0, 1)]
+    assert_shown(groups[("Routing change old → new", "algo=grpo")]["mean"], sum(grpo) / 2)
+    assert_shown(groups[("Routing change old → new", "algo=grpo")]["± se"], abs(grpo[0] - grpo[1]) / 2)

@@ -139,6 +139,19 @@ def test_run_overview_adds_planned_steps_time_and_error(tmp_path: Path) -> None:
     assert row["status"] == "failed"
     assert row["steps"] == 2  # run.json last_step
     assert row["old_new_changed"] == 0.5
+    assert (row["first_step"], row["last_step"]) == (1, 1)  # the steps its means cover: metrics.jsonl's
+
+
+def test_run_overview_says_which_steps_its_means_cover(tmp_path: Path) -> None:
+    run = write_run_json(tmp_path / "run")
+    (run / schema.METRICS_JSONL).write_text("".join(
+        json.dumps({"step": step, "routing/old_new/changed": 0.1 * step}) + "\n" for step in (1, 2, 3)))
+    row = run_overview(run)
+    assert (row["first_step"], row["last_step"]) == (1, 3)
+    assert row["old_new_changed"] == pytest.approx(0.2)  # (0.1 + 0.2 + 0.3) / 3: over those steps
+    (run / schema.METRICS_JSONL).unlink()
+    empty = run_overview(run, skipped=[])
+    assert (empty["first_step"], empty["last_step"]) == (None, None)
 
 
 def test_run_overview_of_unusable_runs(tmp_path: Path) -> None:

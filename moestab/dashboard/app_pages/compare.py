@@ -1,30 +1,41 @@
 """Compare: the selected runs grouped by their config, each group's seeds as mean ± sd per step, outcome (reward, eval
-accuracy) beside routing volatility, rollout -> trainer mismatch, ratio variance and clipping on one step axis.
+accuracy) beside routing volatility, rollout -> trainer mismatch, ratio variance and clipping on one step axis; and
+"by how much": each group's mean ± se over one step window that is the same for every run, and the paired difference
+of two groups over seeds with its 95% interval.
 
-Grouping, the mean and sd over seeds, smoothing and the list of keys are :mod:`moestab.analysis.compare`'s; this
-page lays out its widgets and charts."""
+Grouping, the mean and sd over seeds, smoothing, the list of keys, the step window, the group means and the paired
+difference are :mod:`moestab.analysis.compare`'s, titles, units and the text of a value
+:mod:`moestab.analysis.labels`'; this page lays out its widgets, tables and charts."""
 
 import pandas as pd
 import streamlit as st
 
 from moestab.analysis.compare import (
+    ABSENT,
     DEFAULT_KEYS,
+    SEED_FIELD,
     aggregate,
+    common_steps,
     config_table,
     curves,
     default_group_fields,
     describe,
     group_labels,
     group_members,
+    group_stats,
     label_fields,
     metric_keys,
     named_values,
+    paired_difference,
     runs_without,
     smooth,
     step_domain,
+    step_ranges,
     style_fields,
     varying_fields,
+    window_means,
 )
+from moestab.analysis.labels import format_value, metric_label
 from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
 
@@ -123,6 +134,85 @@ if missing:
         icon=":material/info:",
     )
 
+
+
+def steps_text(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}–{last}"
+
+
+def by_how_much(window: tuple[int, int]) -> None:
+    """Each group's mean ± se over ``window`` and the paired difference of two groups, one row per chosen metric."""
+    raw = {key: curves(frames, key) for key in chosen}  # unsmoothed: the mean over the window is the smoothing
+    means = {key: window_means(data, window) for key, data in raw.items() if len(data)}
+    rows = []
+    for key, per_run in means.items():
+        label = metric_label(key)
+        for stat in group_stats(per_run, group_of).itertuples():
+            rows.append({"metric": label.title, "group": stat.group, "runs": stat.runs,
+                         "mean": format_value(stat.mean, label.percent), "± se": format_value(stat.se, label.percent),
+                         "unit": label.unit})
+    if rows:
+        st.markdown(f"**Each group's mean ± se over its runs**, {steps_text(*window)}")
+        st.table(pd.DataFrame(rows).set_index("metric"))
+    if len(members) < 2:
+        st.caption("One group: no difference to take. Group by a field that tells conditions apart.")
+        return
+    names = list(members)
+    first_cell, second_cell = st.columns(2)
+    with first_cell:
+        a = st.selectbox("Paired difference: group", names, index=0, key="compare_diff_a")
+    with second_cell:
+        rest = [name for name in names if name != a]
+        b = st.selectbox("minus group", rest, index=0, key="compare_diff_b")
+    seeds = table[SEED_FIELD].to_dict() if SEED_FIELD in table else dict.fromkeys(table.index, ABSENT)
+    rows, unpaired = [], {}
+    for key, per_run in means.items():
+        label = metric_label(key)
+        diff = paired_difference(per_run, group_of, seeds, a, b)
+        if diff.unpaired:
+            unpaired[label.title] = diff.unpaired
+        ci = diff.interval
+        if ci is None:
+            continue
+        interval = (f"{format_value(ci.low, label.percent, difference=True)} to "
+                    f"{format_value(ci.high, label.percent, difference=True)}") if ci.n > 1 else ""
+        rows.append({"metric": label.title, "seeds paired": ci.n,
+                     "difference": format_value(ci.mean, label.percent, difference=True),
+                     "95% interval": interval, "seeds": ", ".join(diff.pairs["seed"])})
+    if rows:
+        st.markdown(f"**{a} − {b}**, run against run of the same seed, {steps_text(*window)}: the mean of the seeds' "
+                    "differences and its 95% t-interval (differences of shares in percentage points, pp)")
+        st.table(pd.DataFrame(rows).set_index("metric"))
+    else:
+        st.info(f"No seed has a run in both {a} and {b}: nothing to pair.", icon=":material/link_off:")
+    for title, runs in unpaired.items():
+        st.caption(f"Left out of the pairs of *{title}*: " + "; ".join(f"**{run}** ({why})" for run, why in runs) + ".")
+
+
+st.subheader("By how much")
+common = common_steps(frames)
+if common is None:
+    st.info("The selected runs have no step in common, so no step window is the same for every run: choose runs "
+            "that overlap on the Runs page.", icon=":material/info:")
+elif chosen:
+    first, last = common
+    window = common
+    if first < last:
+        window = st.slider(
+            "Step window (the same for every run)", first, last, common, key="compare_window",
+            help="Each run's mean is taken over these steps only. At first: every step all selected runs have.",
+        )
+    ranges = step_ranges(frames)
+    beyond = [f"{run} ({steps_text(*span)})" for run, span in ranges.items() if span != common]
+    st.caption(
+        f"Every run's mean over {steps_text(*window)}, the same steps for every run; the steps all selected runs "
+        f"have are {steps_text(*common)}."
+        + (f" Steps outside them are left out of these runs' means: {', '.join(beyond)}." if beyond else "")
+        + " Then each group's mean over its runs, ± its standard error (sd over the runs / √runs; blank with one "
+        "run). Means of unsmoothed values."
+    )
+    by_how_much(window)
+
 if not chosen:
     st.info("Choose metrics to draw in the box above (type part of a key to search).", icon=":material/search:")
 shown = {key: smooth(curves(frames, key, starts if key == keys.EVAL_ACCURACY else None), weight) for key in chosen}
@@ -133,16 +223,16 @@ for cell, (key, data) in zip(ui.grid(len(shown), per_row=3), shown.items(), stri
             st.info(f"No selected run has `{key}`.", icon=":material/help:")
             continue
         dash = None if dash_by == NO_DASH else dash_by
-        title = f"{key}: {describe(key)}" if describe(key) else key
+        label = metric_label(key)
+        style = {"color_by": color_by, "dash_by": dash, "colors": colors, "title": label.title, "ylabel": label.unit,
+                 "x_domain": domain, "percent": label.percent}
         if mode == MEAN:
             frame = label_fields(aggregate(data, group_of), table, group_of, fields)
-            chart = charts.group_lines(frame, "mean", series=GROUP, color_by=color_by, dash_by=dash,
-                                       band=("low", "high"), colors=colors, title=title, ylabel=key, x_domain=domain,
-                                       tooltip=["sd", "n"])
+            chart = charts.group_lines(frame, "mean", series=GROUP, band=("low", "high"), tooltip=["sd", "n"], **style)
             alt_text = f"{key} against step, mean ± sd by group"
         else:
             frame = label_fields(data.assign(group=data["run"].map(group_of)), table, group_of, fields)
-            chart = charts.group_lines(frame, "value", series="run", color_by=color_by, dash_by=dash, colors=colors,
-                                       title=title, ylabel=key, x_domain=domain, tooltip=[GROUP])
+            chart = charts.group_lines(frame, "value", series="run", tooltip=[GROUP], **style)
             alt_text = f"{key} against step, each run"
         charts.show(chart, frame, alt_text)
+        st.caption(f"`{key}`: {describe(key)}" if describe(key) else f"`{key}`")

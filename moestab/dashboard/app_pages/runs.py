@@ -3,6 +3,7 @@
 import pandas as pd
 import streamlit as st
 
+from moestab.analysis.labels import format_value
 from moestab.dashboard.kit import loaders, ui
 
 ui.page_header(
@@ -33,6 +34,7 @@ for run in ctx.runs:
     steps = "-" if row["steps"] is None else str(row["steps"])
     if row["planned_steps"] is not None:
         steps += f" / {row['planned_steps']}"
+    covered = None if row["first_step"] is None else (row["first_step"], row["last_step"])
     rows.append(
         {
             "run": run.label,
@@ -41,6 +43,7 @@ for run in ctx.runs:
             "replay": row["replay"],
             "model": row["model"],
             "steps": steps,
+            "means_over": None if covered is None else f"{covered[0]}–{covered[1]}",
             "final_accuracy": row["final_accuracy"],
             "warm_start_accuracy": row["warm_start_accuracy"],
             "old_new_changed": row["old_new_changed"],
@@ -56,13 +59,31 @@ for run in ctx.runs:
         problems.append((run, loaded))
 
 COLUMNS = [
-    "run", "status", "algo", "replay", "model", "steps", "final_accuracy", "warm_start_accuracy",
+    "run", "status", "algo", "replay", "model", "steps", "means_over", "final_accuracy", "warm_start_accuracy",
     "old_new_changed", "rollout_old_free_router_flip", "rollout_old_k3", "rollout_old_free_k3",
     "clip_token_frac_later", "updated", "problem",
 ]  # fmt: skip
+SHARES = ["final_accuracy", "warm_start_accuracy", "old_new_changed", "rollout_old_free_router_flip",
+          "clip_token_frac_later"]  # in percent, as README writes them
+NUMBERS = ["rollout_old_k3", "rollout_old_free_k3"]
 table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+spans = table["means_over"].dropna().unique()
+if len(spans) > 1:
+    st.warning(
+        "The runs' means cover different steps (column *means over*: "
+        + ", ".join(f"{run} {span}" for run, span in zip(table["run"], table["means_over"], strict=True) if span)
+        + "), so they are not comparable as they stand. The Compare page averages every run over the same steps "
+        "(`moestab analyze --steps FIRST:LAST` too).",
+        icon=":material/warning:",
+    )
+# Numbers stay numbers (the table sorts by them); what a cell shows is format_value's text: percent for shares, a
+# value at float precision (k3 ~ 1e-13 under R3) as 0, a missing one blank.
+shown = table.style.format({
+    **{column: lambda v: format_value(v, percent=True) for column in SHARES},
+    **{column: format_value for column in NUMBERS},
+})
 st.dataframe(
-    table,
+    shown,
     hide_index=True,
     width="stretch",
     column_config={
@@ -72,28 +93,34 @@ st.dataframe(
             "damaged (its metrics.jsonl steps repeat or go back: two writers mixed it)"
         ),
         "steps": st.column_config.TextColumn("steps", help="Last completed step / planned steps"),
-        "final_accuracy": st.column_config.NumberColumn(
-            "final acc.", format="percent", help="Eval accuracy after training (last eval of unfinished runs)"
+        "means_over": st.column_config.TextColumn(
+            "means over", help="The steps the means of this row cover (metrics.jsonl's first to last step)"
         ),
-        "warm_start_accuracy": st.column_config.NumberColumn("start acc.", format="percent"),
+        "final_accuracy": st.column_config.NumberColumn(
+            "final acc.", help="Eval accuracy after training (last eval of unfinished runs)"
+        ),
+        "warm_start_accuracy": st.column_config.NumberColumn("start acc."),
         "old_new_changed": st.column_config.NumberColumn(
-            "old→new changed", format="%.4f", help="Slot-level routing change pi_old -> pi_new, mean over steps"
+            "old→new changed", help="Routing change pi_old -> pi_new, % of routed slots, mean over the steps of "
+            "*means over*"
         ),
         "rollout_old_free_router_flip": st.column_config.NumberColumn(
-            "rollout→trainer routers flipped", format="%.4f",
-            help="Share of (token, layer) routers whose experts differ between the rollout engine and the trainer's "
-            "free routing under pi_old (the gap routing creates), mean over steps",
+            "rollout→trainer routers flipped",
+            help="% of (token, layer) routers whose experts differ between the rollout engine and the trainer's "
+            "free routing under pi_old (the gap routing creates), mean over the steps of *means over*",
         ),
         "rollout_old_k3": st.column_config.NumberColumn(
-            "mismatch k3 (as used)", format="%.2e",
-            help="Rollout vs pi_old as used in the ratio (what the loss sees; R3 / TRR lower it), nats per token",
+            "mismatch k3 (as used)",
+            help="Rollout vs pi_old as used in the ratio (what the loss sees; R3 / TRR lower it), nats per token; "
+            "0 (at float precision) below 1e-9",
         ),
         "rollout_old_free_k3": st.column_config.NumberColumn(
-            "mismatch k3 (free)", format="%.2e", help="Rollout vs the trainer's free pi_old, nats per token"
+            "mismatch k3 (free)", help="Rollout vs the trainer's free pi_old, nats per token"
         ),
         "clip_token_frac_later": st.column_config.NumberColumn(
-            "clipped tokens (mb 2..n)", format="percent",
-            help="Token-weighted clipped fraction over minibatches 2..n (GSPO Fig. 2), mean over steps",
+            "clipped tokens (mb 2..n)",
+            help="Token-weighted clipped fraction over minibatches 2..n (GSPO Fig. 2), % of tokens, mean over the "
+            "steps of *means over*",
         ),
         "updated": st.column_config.TextColumn("updated (UTC)"),
         "problem": st.column_config.TextColumn("problem", width="large"),

@@ -4,30 +4,29 @@ import pandas as pd
 import streamlit as st
 
 from moestab.analysis.dashboard_data import metric_curve, stack_runs
+from moestab.analysis.labels import is_percent
 from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
 
 # (metrics.jsonl key, chart title, y label with units). Keys absent from every run are skipped.
 CURVES = [
     (keys.REWARD_MEAN, "Reward (mean over the rollout batch)", "reward"),
-    (keys.ACCURACY, "Rollout accuracy", "fraction of responses correct"),
-    (keys.EVAL_ACCURACY, "Eval accuracy (greedy, fixed eval set; step 0 = start)", "fraction correct"),
+    (keys.ACCURACY, "Rollout accuracy", "% of responses correct"),
+    (keys.EVAL_ACCURACY, "Eval accuracy (greedy, fixed eval set; step 0 = start)", "% correct"),
     (keys.RESPONSE_LENGTH_MEAN, "Response length (mean)", "tokens"),
     (keys.LOSS, "Policy loss (mean over minibatches)", "loss"),
-    (keys.LOSS_KL_OLD_NEW_K3, "KL(pi_old ‖ pi_new), k3 estimate", "nats per token"),
+    (keys.LOSS_KL_OLD_NEW_K3, "KL from pi_old to the updated policy, k3 estimate", "nats per token"),
     (keys.MISMATCH_K3.format(pair="rollout_old"), "Rollout vs pi_old as used in the ratio, k3 (R3 / TRR lower it)",
      "nats per token"),
     (keys.MISMATCH_K3.format(pair="rollout_old_free"), "Rollout vs the trainer's free pi_old, k3", "nats per token"),
     (keys.GRAD_NORM, "Gradient norm (before clipping, mean over minibatches)", "L2 norm"),
-    (keys.CLIP_TOKEN_FRAC_LATER, "Clipped tokens, minibatches 2..n (GSPO Fig. 2)", "fraction of tokens"),
-    (keys.CLIP_SEQ_FRAC_LATER, "Sequences with a clipped token, minibatches 2..n", "fraction of sequences"),
-    (keys.RATIO_TOKEN_LOG_VAR, "Var(log w) over the step's tokens", "nats²"),
-    (keys.RATIO_SEQ_LOG_VAR, "Var(log s) over the step's sequences", "nats²"),
-    (keys.ROUTING_SHARE_VAR, "Routing's share of Var(log w): 1 − Var(replayed) / Var(free) (--routing-share)",
-     "share of variance"),
-    (keys.ROUTING_SHARE_LOG_VAR_FREE, "Var(log w), free routing at the update (--routing-share)", "nats²"),
-    (keys.ROUTING_SHARE_LOG_VAR_REPLAYED, "Var(log w), pi_old's routes replayed at the update (--routing-share)",
-     "nats²"),
+    (keys.CLIP_TOKEN_FRAC_LATER, "Clipped tokens, minibatches 2..n (GSPO Fig. 2)", "% of tokens"),
+    (keys.CLIP_SEQ_FRAC_LATER, "Sequences with a clipped token, minibatches 2..n", "% of sequences"),
+    (keys.RATIO_TOKEN_LOG_VAR, "Variance of the token log-ratio log w", "nats²"),
+    (keys.RATIO_SEQ_LOG_VAR, "Variance of the sequence log-ratio log s", "nats²"),
+    (keys.ROUTING_SHARE_VAR, "Routing's share of the variance of log w (--routing-share)", "share of variance"),
+    (keys.ROUTING_SHARE_LOG_VAR_FREE, "Variance of log w, free routing at the update (--routing-share)", "nats²"),
+    (keys.ROUTING_SHARE_LOG_VAR_REPLAYED, "Variance of log w, pi_old's routes replayed (--routing-share)", "nats²"),
     (keys.ENTROPY, "Policy entropy on response tokens", "nats per token"),
     (keys.TIME_STEP, "Wall time per step", "seconds"),
 ]
@@ -59,8 +58,9 @@ if frames and curves:
         start = start_accuracy if key == keys.EVAL_ACCURACY else {}
         data = stack_runs({label: metric_curve(frame, key, start.get(label))
                            for label, frame in frames.items() if key in frame})
-        chart = charts.lines(data, "step", "value", title=title, xlabel="step", ylabel=ylabel, colors=colors,
-                             integer_x=True, points=key == keys.EVAL_ACCURACY or None)
+        chart = charts.lines(data, "step", "value", title=title, xlabel="training step", ylabel=ylabel,
+                             colors=colors, integer_x=True, points=key == keys.EVAL_ACCURACY or None,
+                             percent=is_percent(key))
         with cell:
             charts.show(chart, data, f"{title} against step")
     with st.expander("Raw metrics"):

@@ -48,12 +48,17 @@ def _scale(log: bool) -> alt.Scale:
     return alt.Scale(type="log") if log else alt.Scale(zero=False)
 
 
-def _axis(integer: bool = False, log: bool = False) -> alt.Axis:
-    """Integer ticks for steps and indices; else short numbers (``~g``: 4e-14, 0.002, 12000), and on a log
-    scale few ticks (Vega draws a grid line per tick)."""
+def _axis(integer: bool = False, log: bool = False, percent: bool = False) -> alt.Axis:
+    """Integer ticks for steps and indices; shares in percent (``~p``: 0.5%, 12%); else short numbers (``~g``: 4e-14,
+    0.002, 12000), and on a log scale few ticks (Vega draws a grid line per tick)."""
     if integer:
         return alt.Axis(tickMinStep=1, format="d")
-    return alt.Axis(format="~g", tickCount=4 if log else alt.Undefined)
+    return alt.Axis(format="~p" if percent else "~g", tickCount=4 if log else alt.Undefined)
+
+
+def value_format(percent: bool) -> str:
+    """A tooltip's number format: three significant digits in percent for a share (README's ``14.2%``), else four."""
+    return ".3~p" if percent else ".4g"
 
 
 def lines(
@@ -71,21 +76,24 @@ def lines(
     log_y: bool = False,
     integer_x: bool = False,
     points: bool | None = None,
+    percent: bool = False,
 ) -> alt.LayerChart:
     """One line per ``series`` value (``dash``: a second field drawn as line style) of ``y`` against ``x``.
 
     Hovering shows the values at the nearest ``x``; points are drawn when there are few (``points=None``).
+    ``percent``: ``y`` is a share, drawn in percent (the frame keeps the fraction).
     """
     keep = alt.selection_point(fields=[series], bind="legend")
     hover = alt.selection_point(on="pointerover", nearest=True, fields=[x], empty=False, clear="pointerout")
     encoding = {
         "x": alt.X(f"{x}:Q", title=xlabel, scale=_scale(log_x), axis=_axis(integer_x, log_x)),
-        "y": alt.Y(f"{y}:Q", title=ylabel, scale=_scale(log_y), axis=_axis(log=log_y)),
+        "y": alt.Y(f"{y}:Q", title=ylabel, scale=_scale(log_y), axis=_axis(log=log_y, percent=percent)),
         "color": _colour(series, colors),
     }
     if dash:
         encoding["strokeDash"] = alt.StrokeDash(f"{dash}:N", legend=_legend())
-    tooltip = [series, *([dash] if dash else []), alt.Tooltip(f"{x}:Q"), alt.Tooltip(f"{y}:Q", format=".4g")]
+    tooltip = [series, *([dash] if dash else []), alt.Tooltip(f"{x}:Q"),
+               alt.Tooltip(f"{y}:Q", format=value_format(percent))]
     base = alt.Chart(data).encode(**encoding)
     if points is None:
         points = data.groupby(series)[x].count().max() <= 12 if len(data) else False
@@ -128,16 +136,19 @@ def group_lines(
     band: tuple[str, str] | None = None,
     x_domain: tuple[int, int] | None = None,
     tooltip: Sequence[str] = (),
+    percent: bool = False,
 ) -> alt.LayerChart:
     """One line per ``series`` value (a group or a run) of ``y`` against ``step``, coloured by the ``color_by`` column
     (``colors``: value -> colour) and dashed by ``dash_by``; ``band``: the columns of a shaded band around each line
     (mean -+ sd). ``x_domain`` puts every chart of a page on one step axis. Hover shows ``series``, the colour and
-    dash fields, ``tooltip``'s columns and the values at the nearest step; a legend click keeps a colour."""
+    dash fields, ``tooltip``'s columns and the values at the nearest step; a legend click keeps a colour. ``percent``:
+    ``y`` is a share, drawn in percent (the frame keeps the fraction)."""
     keep = alt.selection_point(fields=[color_by], bind="legend")
     hover = alt.selection_point(on="pointerover", nearest=True, fields=["step"], empty=False, clear="pointerout")
     scale = alt.Scale(domain=list(x_domain), nice=False) if x_domain else alt.Scale(zero=False)
-    x = alt.X("step:Q", title="step", scale=scale, axis=_axis(integer=True))
-    y_axis = alt.Y(f"{y}:Q", title=ylabel, scale=alt.Scale(zero=False), axis=_axis())
+    x = alt.X("step:Q", title="training step", scale=scale, axis=_axis(integer=True))
+    y_axis = alt.Y(f"{y}:Q", title=ylabel, scale=alt.Scale(zero=False), axis=_axis(percent=percent))
+    number = value_format(percent)
     legend = _field_legend(color_by, symbolStrokeWidth=2.5, symbolOpacity=1.0)  # opaque, though the band shares it
     dash_legend = _field_legend(dash_by or "", symbolStrokeColor="gray", symbolStrokeWidth=2)
     palette = alt.Scale(domain=list(colors), range=list(colors.values()))
@@ -146,7 +157,7 @@ def group_lines(
     if dash_by:
         lines["strokeDash"] = alt.StrokeDash(f"{dash_by}:N", legend=dash_legend)
     fields = list(dict.fromkeys([series, color_by, *([dash_by] if dash_by else []), *tooltip]))
-    tips = [*fields, alt.Tooltip("step:Q"), alt.Tooltip(f"{y}:Q", format=".4g")]
+    tips = [*fields, alt.Tooltip("step:Q"), alt.Tooltip(f"{y}:Q", format=number)]
     points = data.groupby(series)["step"].count().max() <= 12 if len(data) else False
     line = alt.Chart(data).mark_line(point=bool(points)).encode(
         **lines, opacity=alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED))
@@ -160,7 +171,7 @@ def group_lines(
             opacity=alt.when(keep).then(alt.value(0.18)).otherwise(alt.value(0.03)),
         )
         layers.insert(0, shade)
-        tips += [alt.Tooltip(f"{low}:Q", format=".4g"), alt.Tooltip(f"{high}:Q", format=".4g")]
+        tips += [alt.Tooltip(f"{low}:Q", format=number), alt.Tooltip(f"{high}:Q", format=number)]
     dots = alt.Chart(data).mark_circle(size=70).encode(
         **lines, opacity=alt.when(hover).then(alt.value(1.0)).otherwise(alt.value(0.0)), tooltip=tips
     ).add_params(hover)
