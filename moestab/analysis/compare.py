@@ -27,7 +27,8 @@ from moestab.metrics.paired import PairedInterval, paired_interval
 ABSENT = "(absent)"
 """The value of a config field in a run whose config lacks it (e.g. a TRL or diagnostics run's config)."""
 
-IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", "progress", "report_to", "steps"})
+IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", "progress", "report_to",
+                             "report_expert_load_matrix", "steps"})
 """Config fields that tell runs apart (or say how a run was started, or how long it was planned to run) rather than
 which condition it ran: left out of the default grouping, so that the seeds of one condition fall into one group (a
 GRPO run planned for 17 steps and one for 57 ran the same condition; the step window compares them over the steps

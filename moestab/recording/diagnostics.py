@@ -8,7 +8,7 @@ under the keys of :mod:`moestab.metrics.keys` (``routing/<pair>/*``, ``mismatch/
 by the same functions as every moestab step, and with ``aliases=True`` the same numbers under the names other
 frameworks log (``keys.ALIASES``: AReaL's ``rollout_train_k3_kl``, verl's ``training/rollout_probs_diff_*``,
 prime-rl's ``max_vio``, ...). :class:`DiagnosticsRun` appends those steps to a moestab run folder, which ``moestab
-analyze`` and the dashboard read like any run.
+analyze`` and the dashboard read like any run (and, with ``report_to``, sends them to experiment trackers).
 
 It is meant to run every step: routes and log-probs of a Qwen3-30B-A3B-sized step (48 layers, top-8, 1M tokens)
 take well under a second on one CPU core (bench/bench_diagnostics.py, docs/benchmarks.md).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -32,6 +32,7 @@ from moestab.metrics.experts import max_violation
 from moestab.metrics.mismatch import mismatch_spread, mismatch_stats
 from moestab.metrics.routes import check_routes, route_change_of
 from moestab.recording.recorder import write_step_metrics
+from moestab.recording.trackers import TrackedRun, check_trackers, open_trackers, run_id
 from moestab.records import Remedies, RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
@@ -209,6 +210,11 @@ class DiagnosticsRun:
     The folder is checked and locked as ``moestab train`` does (absent, empty, or ``overwrite`` of a run no process
     is writing); run.json's config names the trainer, the replay mode (``schema.REPLAY_MODES``) and the model, and
     ends ``finished`` or ``failed``. Only keys of the key table are written; aliases stay out of metrics.jsonl.
+
+    ``report_to`` (any of ``tensorboard``, ``wandb``, ``trackio``) also sends each logged step to those trackers, as
+    ``moestab train --report-to`` does (:mod:`moestab.recording.trackers`: the same trackers, keys ``moestab/<key>``,
+    ``experts/load`` summarised unless ``report_expert_load_matrix``), opened with the folder and closed with it; an
+    unknown tracker or a missing package is refused here, before anything is written.
     """
 
     def __init__(
@@ -225,6 +231,8 @@ class DiagnosticsRun:
         family: str = "unknown",
         steps: int = 0,
         overwrite: bool = False,
+        report_to: str | Sequence[str] = (),
+        report_expert_load_matrix: bool = False,
     ) -> None:
         if replay not in schema.REPLAY_MODES:
             raise ValueError(f"replay must be one of {list(schema.REPLAY_MODES)} (the trainer's routing replay: off, "
@@ -233,6 +241,9 @@ class DiagnosticsRun:
         if not layers or num_experts < 1 or not 1 <= top_k <= num_experts:
             raise ValueError(f"need MoE layers, num_experts >= 1 and 1 <= top_k <= num_experts; got {len(layers)} "
                              f"layers, num_experts={num_experts}, top_k={top_k}")
+        self.report_to = (report_to,) if isinstance(report_to, str) else tuple(report_to)
+        check_trackers(self.report_to)
+        self.report_expert_load_matrix = report_expert_load_matrix
         self.folder = RunFolder(path)
         self.overwrite = overwrite
         self.model = ModelInfo(family=family, moe_layers=layers, num_experts=num_experts, top_k=top_k,
@@ -242,6 +253,7 @@ class DiagnosticsRun:
         self.writer: RunWriter | None = None
         self.last_step = 0
         self._stack: ExitStack | None = None
+        self._report: Callable[[Mapping[str, object], int], None] | None = None
 
     def open(self) -> DiagnosticsRun:
         """Lock the folder, check it takes a new run (clearing an old one with ``overwrite``) and write run.json."""
@@ -254,16 +266,21 @@ class DiagnosticsRun:
                 self.folder.clear()
             writer = RunWriter(self.folder.path)
             environment = {"moestab": __version__, "host": socket.gethostname(), "trainer": self.config["trainer"]}
-            writer.start(config=self.config, model=self.model, environment=environment,
-                         config_yaml=yaml.safe_dump(self.config, sort_keys=False), subfolders=())  # no tables
+            info = writer.start(config=self.config, model=self.model, environment=environment,
+                                config_yaml=yaml.safe_dump(self.config, sort_keys=False), subfolders=())  # no tables
+            tracked = TrackedRun(self.folder.path, self.config, run_id=run_id(info.created, self.folder.path),
+                                 start_step=0)
+            report = stack.enter_context(open_trackers(self.report_to, tracked,
+                                                       expert_load_matrix=self.report_expert_load_matrix))
         except BaseException:
             stack.close()
             raise
-        self.writer, self._stack = writer, stack
+        self.writer, self._stack, self._report = writer, stack, report
         return self
 
     def log(self, step: int, metrics: Mapping[str, object]) -> None:
-        """Append ``step`` (1-based, increasing) with the table's keys of ``metrics`` to metrics.jsonl."""
+        """Append ``step`` (1-based, increasing) with the table's keys of ``metrics`` to metrics.jsonl, and send them
+        to the ``report_to`` trackers."""
         if self.writer is None:
             raise RuntimeError(f"open {self.folder} first (DiagnosticsRun.open, or a with block)")
         if step <= self.last_step:
@@ -273,9 +290,11 @@ class DiagnosticsRun:
         if any(w != self.model.num_layers for w in widths):
             raise ValueError(f"per-layer metrics have {sorted(set(widths))} values; this run has "
                              f"{self.model.num_layers} MoE layers")
-        write_step_metrics(self.writer, step, {k: v for k, v in metrics.items() if k in keys.KEYS})
+        written = {k: v for k, v in metrics.items() if k in keys.KEYS}
+        write_step_metrics(self.writer, step, written)
         self.writer.update(last_step=step)
         self.last_step = step
+        self._report(written, step)
 
     def close(self, error: BaseException | None = None) -> None:
         """Mark the run ``finished`` (or ``failed`` with ``error``) and release the folder."""
@@ -288,8 +307,8 @@ class DiagnosticsRun:
                 else:
                     self.writer.update(status=schema.STATUS_FAILED, error=f"{type(error).__name__}: {error}")
         finally:
-            self._stack.close()
-            self._stack, self.writer = None, None
+            self._stack.close()  # the trackers, then the lock
+            self._stack, self.writer, self._report = None, None, None
 
     def __enter__(self) -> DiagnosticsRun:
         return self.open()

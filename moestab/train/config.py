@@ -141,8 +141,8 @@ class TrainConfig:
     """Checkpoint every N steps (and at the end)."""
     resume: str | None = None
     """Run folder to continue from its last checkpoint (any spelling of its path, moved or copied folders too);
-    its settings come from the run, and only steps, threads, progress, save_every, eval_every and report_to may
-    change."""
+    its settings come from the run, and only steps, threads, progress, save_every, eval_every, report_to and
+    report_expert_load_matrix may change."""
     overwrite: bool = False
     """Delete the run already in --out and start over (refuses a folder that is not a moestab run)."""
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
@@ -184,15 +184,20 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar."""
     report_to: tuple[str, ...] = ()
-    """Experiment trackers that also get each step's metrics, under metrics.jsonl's keys: any of tensorboard (event
-    files in <run>/tensorboard), wandb (its usual environment: WANDB_MODE, WANDB_PROJECT...), trackio; each needs
-    its package (pip install 'moestab[tensorboard]', ...). Default: none."""
+    """Experiment trackers that also get each step's metrics, under metrics.jsonl's keys prefixed moestab/
+    (moestab.recording.trackers.scalars): any of tensorboard (event files in <run>/tensorboard), wandb (its usual
+    environment: WANDB_MODE, WANDB_PROJECT...), trackio; each needs its package (pip install 'moestab[tensorboard]',
+    ...). Default: none."""
+    report_expert_load_matrix: bool = False
+    """Also send experts/load whole to the report_to trackers, a series per layer and expert (6,144 a step for 48
+    layers of 128 experts); default: its summary only (moestab/experts/load/max_vio_max, max_vio_mean,
+    dead_experts)."""
 
     def __post_init__(self) -> None:
         """Refuse a bad setting before anything starts: one rule per line, the first that fails says what is valid
         (the rules shared with the probes' settings are :mod:`moestab.configs`')."""
+        from moestab.recording.trackers import check_trackers  # light: the packages are only looked up
         from moestab.rl import PRESETS  # light: pure-torch module
-        from moestab.train.trackers import check_trackers  # light: the packages are only looked up
 
         check_choice("algo", self.algo, tuple(PRESETS))
         self._check_text_fields()

@@ -22,6 +22,7 @@ from moestab.configs import ConfigError, config_to_dict
 from moestab.metrics import keys
 from moestab.models import is_embedded
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
+from moestab.recording.trackers import TrackedRun, open_trackers, run_id
 from moestab.records import RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.routing import freeze_routers
@@ -56,7 +57,6 @@ from moestab.train.recipe import (
 )
 from moestab.train.run_folder import NothingToLearnError, TrainingError, TrainRun
 from moestab.train.step import extra_examples, run_step, step_examples, step_seed
-from moestab.train.trackers import TrackedRun, open_trackers, run_id
 
 T = TypeVar("T")
 
@@ -156,7 +156,8 @@ def _train(
         try:
             tracked = TrackedRun(run.run_dir, config_to_dict(config), start_step=start_step,
                                  run_id=run_id(run.folder.info().created, run.run_dir) if world.is_main else "")
-            report = closing.enter_context(open_trackers(config.report_to if world.is_main else (), tracked))
+            report = closing.enter_context(open_trackers(config.report_to if world.is_main else (), tracked,
+                                                            expert_load_matrix=config.report_expert_load_matrix))
             if not config.resume:
                 start_accuracy = steps.start()
             steps.loop(start_step, start_accuracy, rollout_engine, report, progress)

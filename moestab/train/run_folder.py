@@ -40,8 +40,8 @@ class NothingToLearnError(RuntimeError):
     """Every advantage was 0 for several steps in a row: the rewards give RL nothing to learn from."""
 
 
-RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "report_to", "resume", "out",
-                    "overwrite")
+RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "report_to",
+                    "report_expert_load_matrix", "resume", "out", "overwrite")
 """Settings a resumed run may change; every other one must equal the run's own (it shapes the numbers)."""
 
 NEW_RUN_REMEDY = "choose a writable --out"

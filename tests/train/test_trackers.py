@@ -1,4 +1,5 @@
-"""`--report-to`: each step's metrics reach TensorBoard, W&B (offline) and trackio under metrics.jsonl's keys."""
+"""`--report-to`: each step's metrics reach TensorBoard, W&B (offline) and trackio under metrics.jsonl's keys
+(prefixed moestab/, `moestab.recording.trackers.scalars`: tests/recording/test_trackers.py)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,10 @@ import pytest
 
 from moestab import extras
 from moestab.configs import ConfigError
+from moestab.recording.trackers import PREFIX, TrackedRun, check_trackers, open_trackers, run_id, scalars
 from moestab.records import schema
-from moestab.train.trackers import TrackedRun, check_trackers, open_trackers, run_id, scalars
 
 from .helpers import TASK, tiny_config
-
-
-def test_scalars_spread_lists_over_indices_and_drop_nulls():
-    row = {"step": 3, "loss": 0.5, "routing/old_new/changed_by_layer": [0.25, 0.0],
-           "experts/load": [[0.5, 0.5], [1.0, 0.0]], "loss/kl/ref_k3": None, "nan": float("nan"), "minibatches": 4}
-    assert scalars(row) == {
-        "loss": 0.5, "minibatches": 4.0,  # the step is the tracker's x axis, not a series
-        "routing/old_new/changed_by_layer/0": 0.25, "routing/old_new/changed_by_layer/1": 0.0,
-        "experts/load/0/0": 0.5, "experts/load/0/1": 0.5, "experts/load/1/0": 1.0, "experts/load/1/1": 0.0,
-    }
 
 
 def test_unknown_or_missing_trackers_are_refused_before_anything_is_written(tmp_path, cache_dir, monkeypatch):
@@ -58,7 +49,8 @@ def test_every_tracker_gets_every_step_under_the_metrics_keys(tmp_path, cache_di
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / schema.METRICS_JSONL).read_text().splitlines()]
     expected = [scalars(row) for row in rows]
-    assert len(rows) == 2 and "routing/old_new/changed_by_layer/3" in expected[0]
+    assert len(rows) == 2 and f"{PREFIX}routing/old_new/changed_by_layer/3" in expected[0]
+    assert f"{PREFIX}experts/load/max_vio_max" in expected[0] and f"{PREFIX}experts/load/0/0" not in expected[0]
 
     # TensorBoard: event files read back, every scalar at its step.
     events = EventAccumulator(str(out / schema.TENSORBOARD_DIR), size_guidance={"scalars": 0})
@@ -81,7 +73,8 @@ def test_every_tracker_gets_every_step_under_the_metrics_keys(tmp_path, cache_di
     data = Path(record).read_bytes()
     for values in expected:
         assert all(key.encode() in data for key in values)
-        assert json.dumps(values["loss"]).encode() in data and json.dumps(values["grad_norm"]).encode() in data
+        assert json.dumps(values[f"{PREFIX}loss"]).encode() in data
+        assert json.dumps(values[f"{PREFIX}grad_norm"]).encode() in data
 
 
 def test_a_resumed_run_replaces_the_tensorboard_steps_logged_after_its_checkpoint(tmp_path):
@@ -98,6 +91,24 @@ def test_a_resumed_run_replaces_the_tensorboard_steps_logged_after_its_checkpoin
         log({"loss": 30.0}, 3)
     events = EventAccumulator(str(tmp_path / schema.TENSORBOARD_DIR))
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert [(e.step, e.value) for e in events.Scalars(f"{PREFIX}loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
     # W&B and trackio continue the same run on resume: the id depends only on the run's creation and folder.
     assert run(0).run_id == run(2).run_id != run_id("2026-11-23T10:00:01", tmp_path)
+
+
+def test_the_load_matrix_reaches_tensorboard_only_when_asked(tmp_path):
+    pytest.importorskip("tensorboard", reason="optional extra moestab[tensorboard]")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    row = {"step": 1, "experts/load": [[0.25, 0.75], [0.5, 0.5]]}
+    for asked in (False, True):
+        run_dir = tmp_path / str(asked)
+        with open_trackers(("tensorboard",), TrackedRun(run_dir, {}, run_id="x", start_step=0),
+                           expert_load_matrix=asked) as log:
+            log(row, 1)
+        events = EventAccumulator(str(run_dir / schema.TENSORBOARD_DIR))
+        events.Reload()
+        summary = {f"{PREFIX}experts/load/{stat}" for stat in ("max_vio_max", "max_vio_mean", "dead_experts")}
+        matrix = {f"{PREFIX}experts/load/{layer}/{expert}" for layer in (0, 1) for expert in (0, 1)}
+        assert set(events.Tags()["scalars"]) == (summary | matrix if asked else summary)
+        assert [e.value for e in events.Scalars(f"{PREFIX}experts/load/max_vio_max")] == [0.5]  # (0.75 - 0.5) / 0.5
