@@ -37,6 +37,7 @@ from moestab.metrics import keys
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
 from moestab.models.embedded import save_policy
 from moestab.recording.budget import MeasureBudget
+from moestab.recording.trackers import PREFIX, scalars
 from moestab.records import schema
 from moestab.records.reader import list_token_files, load_metrics, read_routes, read_run_info
 from moestab.routing import RecordingError, RoutingRecorder
@@ -223,6 +224,21 @@ def test_clip_flags_match_trls_own_clip_ratio(recorded):
     assert 0 < later.mean() < 1  # both branches occur: the comparison can fail
     first = recorded.tokens[recorded.tokens.minibatch == 0]  # updated at pi_old's weights, by TRL's ratio ~ 1
     assert np.abs(first.log_w).max() < 1e-4
+
+
+def test_each_step_reaches_trls_log_with_its_last_optimizer_step(recorded):
+    """What TRL's report_to trackers receive (its on_log, recorded in log_history): each line of metrics.jsonl as
+    moestab/<key> scalars, in the log of the generation batch's last optimizer step (2 per batch here), beside TRL's
+    own numbers; the optimizer steps between carry none."""
+    logs = [h for h in recorded.trainer.state.log_history if any(k.startswith(PREFIX) for k in h)]
+    assert [h["step"] for h in logs] == [2, 4, 6]
+    for h, line in zip(logs, recorded.metrics, strict=True):
+        assert "loss" in h and "clip_ratio/region_mean" in h  # TRL's own numbers of that optimizer step, same log
+        values = {k: v for k, v in h.items() if k.startswith(PREFIX)}
+        assert values == scalars(line), h["step"]  # the line as written, read back from metrics.jsonl
+        assert values[f"{PREFIX}routing/old_new/changed_by_layer/{LAYERS - 1}"] == line[
+            "routing/old_new/changed_by_layer"][-1]
+        assert f"{PREFIX}experts/load/max_vio_max" in values and not any("experts/load/0" in k for k in values)
 
 
 @pytest.mark.parametrize(("accumulation", "bf16"), [(1, False), (2, False), (1, True)])

@@ -25,6 +25,7 @@ from moestab.integrations.trl.cycle import match_rows
 from moestab.metrics import keys
 from moestab.metrics.routing_share import routing_share
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
+from moestab.recording.trackers import PREFIX
 from moestab.records import schema
 from moestab.records.reader import list_token_files
 from moestab.routing import RoutingRecorder, RoutingReplay
@@ -86,9 +87,9 @@ def _others(line: dict) -> dict:
 
 
 def _trl_logs(trainer) -> list[dict]:
-    """TRL's own log lines without its clocks."""
-    return [{k: v for k, v in h.items() if not any(w in k for w in ("time", "runtime", "per_second"))}
-            for h in trainer.state.log_history]
+    """TRL's own log lines without its clocks and moestab's numbers (``moestab/*``, the metrics lines')."""
+    return [{k: v for k, v in h.items() if not any(w in k for w in ("time", "runtime", "per_second"))
+             and not k.startswith(PREFIX)} for h in trainer.state.log_history]
 
 
 def test_the_option_changes_nothing_else_bit_for_bit(runs):

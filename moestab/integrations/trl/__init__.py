@@ -18,9 +18,19 @@ default loss, ``"dapo"``, sums tokens and is neither): run.json's ``algo`` is th
 
 **Why a subclass hook, not a ``TrainerCallback``.** Callbacks receive the model but never the batch: the
 advantages (hence which ratios the loss clipped) and TRL's pi_old log-probs are only in the micro-batch that
-``Trainer.compute_loss`` receives. ``RoutingRecords`` overrides ``train``, ``training_step`` and ``compute_loss``
-(methods ``transformers.Trainer`` documents for overriding), each calling TRL's own, and adds a callback for the end
-of each optimizer step. TRL's classes are not patched.
+``Trainer.compute_loss`` receives. ``RoutingRecords`` overrides ``train``, ``training_step``, ``compute_loss`` and
+``log`` (methods ``transformers.Trainer`` documents for overriding), each calling TRL's own, and adds a callback for
+the end of each optimizer step. TRL's classes are not patched.
+
+**Trackers.** Each written step's numbers also go through TRL's own ``log``, so to whatever ``report_to`` TRL has
+(TensorBoard, W&B, trackio, ...) and to ``trainer.state.log_history``: under ``moestab/<key>`` (metrics.jsonl's keys,
+per-layer lists as ``<key>/<index>``; :func:`moestab.recording.trackers.scalars`, the rule ``moestab train --report-to``
+follows), with TRL's log of the step's last optimizer step (``global_step`` = moestab step x optimizer steps per
+generation batch; transformers' TensorBoard, W&B and trackio callbacks show ``train/moestab/...``). ``experts/load``
+goes as its summary (max and mean load violation, dead experts) unless
+``RecordSettings(report_expert_load_matrix=True)``. With ``logging_steps`` longer than a step, each key is the mean over
+the steps written since TRL's last log, as TRL merges its own; with ``logging_strategy="no"`` nothing is sent
+(metrics.jsonl is written either way).
 
 **A step** is one TRL generation batch and the optimizer steps made from it (``steps_per_generation *
 num_iterations / gradient_accumulation_steps`` of them: moestab's minibatches,

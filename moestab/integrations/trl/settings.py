@@ -45,6 +45,10 @@ class RecordSettings:
     routes freely). Costs about one no-grad forward of the generation batch per recorded step; changes nothing TRL
     computes. When TRL computes no pi_old (one optimizer step per generation batch) pi_old's routes are the loss
     forward's own, so the replayed side is the update itself and no forward runs."""
+    report_expert_load_matrix: bool = False
+    """Also send ``experts/load`` whole through TRL's ``log``, a series per layer and expert (6,144 a step for 48
+    layers of 128 experts); by default only its summary goes (``moestab/experts/load/max_vio_max``, ``max_vio_mean``,
+    ``dead_experts``: :func:`moestab.recording.trackers.scalars`). metrics.jsonl always holds the matrix."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.record_fraction <= 1.0:

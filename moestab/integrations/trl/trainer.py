@@ -1,7 +1,7 @@
 """``RoutingRecords``: the subclass hook that makes TRL's ``GRPOTrainer`` write a moestab run folder.
 
 It overrides only methods ``transformers.Trainer`` documents for overriding (``train``, ``training_step``,
-``compute_loss``) and adds a ``TrainerCallback`` for the end of each optimizer step; every override calls TRL's
+``compute_loss``, ``log``) and adds a ``TrainerCallback`` for the end of each optimizer step; every override calls TRL's
 own method unchanged. :class:`TrlRecords` holds the recording state, so the trainer class stays three delegations.
 """
 
@@ -30,6 +30,7 @@ from moestab.recording.environment import environment as run_environment
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_tensors import StepTensors
+from moestab.recording.trackers import mean_scalars, scalars
 from moestab.records import Remedies, RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
@@ -110,6 +111,7 @@ class TrlRecords:
         self._expect_inputs = False
         self._started = 0.0
         self._warned: set[str] = set()  # kinds of stillness already reported: each once a run
+        self._unlogged: list[dict[str, float]] = []  # the tracker scalars of steps written since TRL's last log
 
     # ---- the run ---------------------------------------------------------------------------------
     @contextmanager
@@ -257,7 +259,15 @@ class TrlRecords:
                           seed=int(self.trainer.args.seed) + step, layer_slots=self.layer_slots)
         write_step_metrics(self.writer, step, metrics)
         self.writer.update(last_step=step)
+        self._unlogged.append(scalars(metrics, expert_load_matrix=self.settings.report_expert_load_matrix))
         self._warn_if_still(step, t, metrics)
+
+    def unlogged(self) -> dict[str, float]:
+        """The tracker scalars (``moestab/<key>``) of the steps written since the last call, for TRL's next log: one
+        step's, or with several (``logging_steps`` above a step's optimizer steps) each key's mean over them, as TRL
+        merges its own numbers."""
+        steps, self._unlogged = self._unlogged, []
+        return mean_scalars(steps)
 
     def _warn_if_still(self, step: int, t: StepTensors, metrics: dict[str, Any]) -> None:
         """A warning (logged, and in run.json's ``warnings``), once a run for each kind, when the step's old->new
@@ -331,6 +341,14 @@ class RoutingRecords:
             loss = super().training_step(model, inputs, num_items_in_batch)
         self.moestab_records.add_micro_step(capture.captured())
         return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # A step is written in on_step_end, before the Trainer logs that optimizer step, so its numbers go out with
+        # TRL's at the same global_step, to every tracker TRL's report_to names. An evaluation's log (model in eval
+        # mode, TRL's own test) gets none.
+        if self.model.training:
+            logs = {**logs, **self.moestab_records.unlogged()}
+        super().log(logs, start_time)
 
     def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
