@@ -258,6 +258,23 @@ MAX_THREADS = 4096
 """Most torch CPU threads (TrainConfig.threads, the probes' --threads): more than any machine's cores."""
 MAX_NEW_TOKENS = 65_536
 """Longest response cap (TrainConfig.max_new_tokens, the step probes' max_new_tokens)."""
+MAX_STEP_SEQUENCES = 2**20
+"""Most sequences in one step's rollout (prompts x group size): each is generated and scored several times per step,
+so a million is already hours per step on a GPU node; more is a typo (1e8 prompts hung with no output)."""
+MAX_EVAL_SIZE = 100_000
+"""Largest held-out eval set: every eval generates each greedily, so more is a typo (1e9 hung building the set)."""
+RATE_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "lr": (1e-9, 1.0, "below 1e-9 an Adam step rounds away in a float32 weight; above 1 it diverges at once"),
+    "temperature": (1e-2, 1e2, "below 0.01 sampling is greedy and log-probs overflow; above 100 it is uniform noise"),
+    "weight_decay": (0.0, 10.0, "decoupled decay shrinks each weight by lr x weight_decay a step; published runs "
+                                "use <= 0.1"),
+    "kl_coef": (0.0, 100.0, "a KL term 100x the policy loss leaves nothing to learn"),
+    "router_aux_loss_coef": (0.0, 100.0, "Qwen3-MoE trains with 0.001; 100x the policy loss is a typo"),
+    "clip_high": (0.0, 100.0, "a ratio bound of 1 + 100 clips nothing"),
+}
+"""Settings that are rates or coefficients -> (lowest, highest, why): values outside pass the type check but end a
+run at step 1 (1e300) or finish it with unchanged weights (lr 1e-320, temperature 1e-30), so they are refused up
+front. The lower bound is exclusive for lr, temperature and clip_high (> 0 is required), inclusive otherwise."""
 
 
 def is_integer(value: object) -> bool:
@@ -280,6 +297,17 @@ def check_at_most(name: str, value: int, high: int, why: str) -> None:
     """``value`` is at most ``high``: a larger one is a typo, ``why`` says what it would mean."""
     if value > high:
         raise ConfigError(f"{name} must be at most {high:,} ({why}), got {shown(value)}")
+
+
+def check_rate(name: str, value: float) -> None:
+    """``value`` of the rate ``name`` is finite and inside :data:`RATE_BOUNDS`."""
+    low, high, why = RATE_BOUNDS[name]
+    if low > 0:
+        check_finite(name, value, f"in [{low:g}, {high:g}] ({why})", lambda v: low <= v <= high)
+    elif name == "clip_high":
+        check_finite(name, value, f"in (0, {high:g}] ({why})", lambda v: 0 < v <= high)
+    else:
+        check_finite(name, value, f"in [0, {high:g}] ({why})", lambda v: 0 <= v <= high)
 
 
 def check_finite(name: str, value: float, rule: str, ok: Callable[[float], bool]) -> None:

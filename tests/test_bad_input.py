@@ -123,7 +123,33 @@ CASES: list[tuple[str, Setup, str]] = [
     # ---- point 6: another tool's run.json ----
     ("probe-foreign-run-json", lambda t: ["probe", "numerics", _foreign_run(t), *OUT],
      "is not a moestab run folder: its run.json is not moestab's"),
+    # ---- issue 40: bounds from memory and time (moestab.configs: MAX_STEP_SEQUENCES, MAX_EVAL_SIZE, RATE_BOUNDS) ----
+    ("eval-size-past-bound", lambda t: ["train", "--eval-size", "1000000000", *OUT],
+     "eval_size must be at most 100,000"),
+    ("prompts-per-step-past-bound", lambda t: ["train", "--prompts-per-step", "100000000", *OUT],
+     "prompts_per_step*group_size must be at most 1,048,576"),
+    ("group-size-past-bound", lambda t: ["train", "--group-size", "100000000", *OUT],
+     "prompts_per_step*group_size must be at most 1,048,576"),
+    *[(f"{flag.strip('-')}-{value}", lambda t, flag=flag, value=value: ["train", flag, value, *OUT],
+       f"{flag.strip('-').replace('-', '_')} must be a finite number in")
+      for flag, value in (("--lr", "1e300"), ("--lr", "1e-320"), ("--weight-decay", "1e300"),
+                          ("--clip-high", "1e300"), ("--kl-coef", "1e300"), ("--router-aux-loss-coef", "1e300"),
+                          ("--temperature", "1e300"), ("--temperature", "1e-30"))],
+    ("output-over-a-runs-metrics", lambda t: ["analyze", str(_finished_run_folder(t)), "--json",
+                                              str(t / "fake-run" / schema.METRICS_JSONL)],
+     "would replace run"),
+    ("dashboard-unknown-host", lambda t: ["dashboard", str(t), "--host", "no-such-host.invalid", "--no-browser"],
+     "cannot resolve --host 'no-such-host.invalid'"),
 ]
+
+
+def _finished_run_folder(tmp: Path) -> Path:
+    """A run folder as ``RunWriter`` lays it out (no training): enough for checks made before any reading."""
+    from tests.records.test_folder import a_run
+
+    folder = a_run(tmp / "fake-run").path
+    (folder / schema.METRICS_JSONL).write_text('{"step": 1}\n')
+    return folder
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from moestab.configs import (
+    MAX_EVAL_SIZE,
+    MAX_STEP_SEQUENCES,
     ConfigError,
     build_config,
     check_at_least,
@@ -16,6 +18,7 @@ from moestab.configs import (
     check_finite,
     check_group_size,
     check_minibatches,
+    check_rate,
     check_response_cap,
     check_seed,
     check_threads,
@@ -67,16 +70,17 @@ class TrainConfig:
     """RL steps (one rollout batch each), 1 to 10,000,000 (more than any run finishes: a larger number is a typo,
     and it is recorded as the run's plan)."""
     prompts_per_step: int = 32
-    """Prompts sampled per step."""
+    """Prompts sampled per step; prompts_per_step x group_size at most 1,048,576 sequences (each is generated and
+    scored several times a step: a larger batch is a typo)."""
     group_size: int = 8
-    """Completions per prompt (the group of GRPO/GSPO advantages)."""
+    """Completions per prompt (the group of GRPO/GSPO advantages), 2 or more."""
     minibatches: int = 4
     """Gradient updates per rollout batch (the GSPO paper uses 4, so the policy moves away from pi_old); must
     divide prompts_per_step * group_size, so that every minibatch holds as many sequences."""
     lr: float = 2e-4
-    """AdamW learning rate."""
+    """AdamW learning rate, 1e-9 to 1 (below, an Adam step rounds away in a float32 weight; above, it diverges)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay, 0 to 10 (each step shrinks a weight by lr x weight_decay)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold."""
     max_new_tokens: int | None = None
@@ -84,11 +88,11 @@ class TrainConfig:
     typo; the embedded models hold 512 positions); default: the task's longest answer plus the end-of-sequence
     token."""
     temperature: float = 1.0
-    """Sampling temperature of the rollout engine (the trainer scales logits the same way)."""
+    """Sampling temperature of the rollout engine (the trainer scales logits the same way), 0.01 to 100."""
     clip_low: float | None = None
     """Lower clip range eps_low; default: the algorithm's published value."""
     clip_high: float | None = None
-    """Upper clip range eps_high; default: the algorithm's published value."""
+    """Upper clip range eps_high, above 0 and at most 100; default: the algorithm's published value."""
     overlong_cache: int | None = None
     """DAPO's overlong reward shaping: responses longer than max_new_tokens - overlong_cache get a penalty growing to
     -1 at max_new_tokens; default: the preset's (dapo: a fifth of max_new_tokens, as DAPO's 4,096 of 20,480),
@@ -104,7 +108,8 @@ class TrainConfig:
     (arXiv 2504.14286); the solved set is saved with each checkpoint."""
     router_aux_loss_coef: float = 0.0
     """Weight of the model's own load-balancing loss added to the policy loss during RL (TRL's router_aux_loss_coef;
-    0 = none, as in the GSPO paper). It pulls the routers towards uniform load, so it interacts with volatility."""
+    0 = none, as in the GSPO paper; at most 100). It pulls the routers towards uniform load, so it interacts with
+    volatility."""
     freeze_router: bool = False
     """Train every weight but the routers': each router's parameters (gate weights and biases, a correction bias the MoE
     block keeps as a parameter; moestab.routing.router_parameters) get requires_grad False and are left out of
@@ -128,7 +133,7 @@ class TrainConfig:
     keeps the measurement's cost within docs/benchmarks.md's targets); 1 measures every step, as the experiments'
     configs do."""
     kl_coef: float = 0.0
-    """Coefficient of the k3 KL penalty against the starting policy (0 = none, as in the GSPO paper)."""
+    """Coefficient of the k3 KL penalty against the starting policy, 0 to 100 (0 = none, as in the GSPO paper)."""
     gamma_min: float | None = None
     """RSPO only: floor of the router-shift weight, in [0, 1]; default: the rspo preset's (0.1, moestab's choice)."""
     seed: int = 0
@@ -163,7 +168,7 @@ class TrainConfig:
     eval_every: int = 20
     """Greedy accuracy on the fixed eval set every N steps (and at start and end)."""
     eval_size: int = 200
-    """Examples in the fixed eval set."""
+    """Examples in the fixed eval set, 1 to 100,000 (each is generated at every eval)."""
     record_fraction: float = 1.0
     """Share of each step's sequences written to the per-token tables (step aggregates use all)."""
     record_layers: tuple[int, ...] | None = None
@@ -233,6 +238,9 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "minibatches", "save_every", "eval_every", "eval_size"):
             check_at_least(name, getattr(self, name), 1)
         check_group_size("group_size", self.group_size)
+        check_at_most("prompts_per_step*group_size", self.prompts_per_step * self.group_size, MAX_STEP_SEQUENCES,
+                      f"sequences in one step's rollout: {self.prompts_per_step} prompts x {self.group_size}")
+        check_at_most("eval_size", self.eval_size, MAX_EVAL_SIZE, "held-out prompts generated at every eval")
         for name in ("warm_start_max_steps", "max_zero_advantage_steps", "dynamic_sampling_rounds"):
             check_at_least(name, getattr(self, name), 0)
         if self.overlong_cache is not None:
@@ -254,10 +262,9 @@ class TrainConfig:
 
     def _check_optimisation(self) -> None:
         """Rates and coefficients are finite (the rates > 0), and no load-balancing loss on a frozen router."""
-        for name in ("lr", "temperature", "max_grad_norm"):
-            check_finite(name, getattr(self, name), "> 0", lambda v: v > 0)
-        for name in ("weight_decay", "kl_coef", "router_aux_loss_coef"):
-            check_finite(name, getattr(self, name), ">= 0", lambda v: v >= 0)
+        check_finite("max_grad_norm", self.max_grad_norm, "> 0", lambda v: v > 0)
+        for name in ("lr", "temperature", "weight_decay", "kl_coef", "router_aux_loss_coef"):
+            check_rate(name, getattr(self, name))
         if self.routing_replay in GATE_REPLAY_MODES and self.router_aux_loss_coef > 0:
             raise ConfigError(f"router_aux_loss_coef: routing_replay {self.routing_replay} freezes the router in the "
                               "updates, so a load-balancing loss would have no gradient; leave it at 0")
@@ -274,7 +281,7 @@ class TrainConfig:
             rule = "> 0" if log_space else "in (0, 1] (the ratio's lower bound 1 - clip_low must be >= 0)"
             check_finite("clip_low", self.clip_low, rule, lambda v: v > 0 and (log_space or v <= 1))
         if self.clip_high is not None:
-            check_finite("clip_high", self.clip_high, "> 0", lambda v: v > 0)
+            check_rate("clip_high", self.clip_high)
 
     def _check_fractions(self) -> None:
         """record_fraction in (0, 1], warm_start_target in [0, 1]."""

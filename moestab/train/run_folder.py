@@ -73,6 +73,10 @@ def prepare_run_folder(config: TrainConfig, log: Callable[[str], None]) -> tuple
             return 0, folder.check_new(overwrite=config.overwrite)
         info, step = folder.resume_point()
         check_resumed_settings(folder.path, info, config_to_dict(config), defaults=config_defaults())
+        if config.steps < step or (config.steps == step and info.status == schema.STATUS_FINISHED):
+            raise TrainingError(f"--resume {folder.path} --steps {config.steps}: the run has finished step {step} "
+                                f"(of {info.config.get('steps')}); a resumed run goes on to a later step: give --steps "
+                                f"above {step}, or copy the run's checkpoint {step} elsewhere to branch from it")
         folder.check_writable(remedy=RESUME_REMEDY)  # before any cleanup
         for path in folder.remove_temporaries():
             log(f"resume: removed the leftover {path.relative_to(folder.path)}")

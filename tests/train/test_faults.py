@@ -217,6 +217,18 @@ def test_sigterm_saves_marks_interrupted_and_resumes_bit_identically(tmp_path, c
     assert metrics(run)[:4] == straight and digest(run / schema.checkpoint_dir(1)) == saved
 
 
+def test_resume_to_a_step_the_run_has_passed_is_refused_and_changes_nothing(tmp_path, cache):
+    first = cli("--out", "run", "--steps", "2", cwd=tmp_path, cache=cache)
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    for steps in ("1", "2"):  # before its last step, and the step it finished at
+        done = cli("--resume", "run", "--steps", steps, cwd=tmp_path, cache=cache)
+        assert done.returncode == 2, done.stderr
+        assert f"--steps {steps}: the run has finished step 2 (of 2)" in done.stderr, done.stderr
+        assert "give --steps above 2" in done.stderr and "Traceback" not in done.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+
+
 @pytest.mark.parametrize("trial", [0, 1])
 def test_sigkill_leaves_running_that_readers_call_stopped_and_resume_continues(tmp_path, cache, straight, trial,
                                                                                 capsys):
