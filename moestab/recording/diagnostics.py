@@ -56,11 +56,27 @@ def _array(value: Any, field: str) -> np.ndarray:
         raise TypeError(f"{field} must be an array, got {type(value).__name__}") from exc
 
 
+LOGP_ROUNDING = 1e-4
+"""How far above 0 a log-prob may be, from an engine's rounding (a bf16 log-softmax of a near-certain token)."""
+
+
 def _routes(value: Any, field: str) -> np.ndarray:
     arr = _array(value, field)
     if arr.ndim != 3:
         raise ValueError(f"{field} must be [tokens, layers, top_k], got shape {tuple(arr.shape)}")
-    return check_routes(arr, field)
+    routes = check_routes(arr, field)  # [tokens, layers, top_k] int16
+    if routes.size and int(routes.min()) < -1:
+        token, layer, slot = (int(i) for i in np.argwhere(routes < -1)[0])
+        raise ValueError(f"{field}[{token}, {layer}, {slot}] is {int(routes[token, layer, slot])}; expert ids are 0 "
+                         "or more, and -1 marks a decision not recorded")
+    ordered = np.sort(routes, axis=-1)  # [tokens, layers, top_k]
+    repeated = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)  # [tokens, layers, top_k - 1]
+    if repeated.any():
+        token, layer, _ = (int(i) for i in np.argwhere(repeated)[0])
+        raise ValueError(f"{field}[{token}, {layer}] names an expert twice ({routes[token, layer].tolist()}); a "
+                         "top-k decision holds k distinct experts (an engine's zero-filled unrecorded rows: import the "
+                         "payload with moestab.integrations.routes_in, which marks them -1)")
+    return routes
 
 
 def _log_probs(value: Any, field: str, tokens: int) -> np.ndarray:
@@ -69,6 +85,10 @@ def _log_probs(value: Any, field: str, tokens: int) -> np.ndarray:
         raise ValueError(f"{field} must be [tokens] = [{tokens}] like the routes, got shape {tuple(arr.shape)}")
     if not np.issubdtype(arr.dtype, np.floating):
         raise TypeError(f"{field} must hold float log-probs, got dtype {arr.dtype}")
+    bad = ~np.isfinite(arr) | (arr > LOGP_ROUNDING)
+    if bad.any():
+        token = int(np.argmax(bad))
+        raise ValueError(f"{field}[{token}] is {float(arr[token])}; a log-prob is finite and at most 0")
     return arr
 
 
@@ -193,6 +213,23 @@ def route_diagnostics(
     return with_aliases(out, pair) if aliases else out
 
 
+def _check_value(key: str, value: object, kind: str) -> None:
+    """ValueError unless ``value`` fits the key table's ``kind`` of ``key``: a number (None for no value), or a list
+    of them (lists of lists for per-layer-and-expert keys). metrics.jsonl's readers average what is written."""
+    def number(x: object) -> bool:
+        return x is None or (isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool))
+
+    depth = {keys.PER_LAYER: 1, keys.PER_MINIBATCH: 1, keys.PER_LAYER_EXPERT: 2}.get(kind, 0)
+    if depth == 0:
+        ok = number(value)
+    elif depth == 1:
+        ok = value is None or (isinstance(value, list) and all(number(x) for x in value))
+    else:
+        ok = isinstance(value, list) and all(isinstance(r, list) and all(number(x) for x in r) for r in value)
+    if not ok:
+        raise ValueError(f"metrics[{key!r}] is {repr(value)[:60]}; the key table says {kind} (moestab.metrics.keys)")
+
+
 def _note(message: str) -> None:
     print(f"moestab: {message}", file=sys.stderr)
 
@@ -291,6 +328,8 @@ class DiagnosticsRun:
             raise ValueError(f"per-layer metrics have {sorted(set(widths))} values; this run has "
                              f"{self.model.num_layers} MoE layers")
         written = {k: v for k, v in metrics.items() if k in keys.KEYS}
+        for key, value in written.items():
+            _check_value(key, value, keys.KEYS[key].kind)
         write_step_metrics(self.writer, step, written)
         self.writer.update(last_step=step)
         self.last_step = step

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -147,7 +148,7 @@ def test_max_vio_and_confidence():
 
 
 def test_bad_input_names_the_argument_and_shape():
-    routes = np.zeros((3, 2, 2), np.int16)
+    routes = np.tile(np.array([0, 1], np.int16), (3, 2, 1))  # [3, 2, 2]: experts 0 and 1 in every decision
     with pytest.raises(ValueError, match=r"rollout_routes \(3, 2, 2\) and trainer_routes \(3, 1, 2\)"):
         route_diagnostics(routes, routes[:, :1])
     with pytest.raises(ValueError, match=r"trainer_routes must be \[tokens, layers, top_k\], got shape \(6, 2\)"):
@@ -162,10 +163,46 @@ def test_bad_input_names_the_argument_and_shape():
         route_diagnostics(routes, routes, expert_counts=np.ones((3, 4)))
 
 
+def test_implausible_routes_and_log_probs_are_refused_naming_the_entry():
+    routes = np.tile(np.array([0, 1], np.int16), (3, 2, 1))  # [3, 2, 2]
+    below = routes.copy()
+    below[2, 1, 0] = -3
+    with pytest.raises(ValueError, match=r"rollout_routes\[2, 1, 0\] is -3; expert ids are 0 or more"):
+        route_diagnostics(below, routes)
+    twice = routes.copy()
+    twice[1, 0] = [4, 4]
+    with pytest.raises(ValueError, match=r"trainer_routes\[1, 0\] names an expert twice \(\[4, 4\]\)"):
+        route_diagnostics(routes, twice)
+    unrecorded = routes.copy()
+    unrecorded[0, 0] = [-1, -1]  # not recorded: -1 in every slot is no duplicate
+    route_diagnostics(unrecorded, routes)
+    for bad, says in ((np.nan, "nan"), (0.5, "0.5"), (-np.inf, "-inf")):
+        logp = np.full(3, -1.0)
+        logp[1] = bad
+        with pytest.raises(ValueError, match=rf"logp_rollout\[1\] is {says}; a log-prob is finite and at most 0"):
+            route_diagnostics(routes, routes, logp_rollout=logp, logp_trainer=np.full(3, -1.0))
+    logp = np.full(3, -1.0)
+    logp[0] = 1e-6  # an engine's rounding of a near-certain token: accepted
+    route_diagnostics(routes, routes, logp_rollout=logp, logp_trainer=np.full(3, -1.0))
+
+
+def test_a_diagnostics_run_writes_only_numbers_of_the_tables_shapes(tmp_path):
+    with DiagnosticsRun(tmp_path / "run", trainer="x", layers=[0, 1], num_experts=4, top_k=2) as run:
+        for metrics, says in (({"routing/rollout_old/changed": "lots"}, "is 'lots'; the key table says float"),
+                              ({"routing/rollout_old/changed": [0.1]}, "the key table says float"),
+                              ({"routing/rollout_old/changed_by_layer": ["a", 0.1]}, "list[layers] of float"),
+                              ({"routing/rollout_old/changed": True}, "the key table says float")):
+            with pytest.raises(ValueError, match=re.escape(says)):
+                run.log(1, metrics)
+        run.log(1, {"routing/rollout_old/changed": 0.25, "routing/rollout_old/changed_by_layer": [0.5, None]})
+    lines = (tmp_path / "run" / schema.METRICS_JSONL).read_text().splitlines()
+    assert [json.loads(line)["routing/rollout_old/changed"] for line in lines] == [0.25]  # nothing else written
+
+
 def write_run(path, steps: int = 3, **options):
     a, b = synthetic_routes(200, 4, 2, 8, flip=0.2, reorder=0.1, seed=7)
     gen = np.random.default_rng(0)
-    logp = -gen.random(200)
+    logp = -gen.random(200) - 0.2  # [tokens] at most -0.2: the trainer's side below, 0.05 per step above, stays < 0
     with DiagnosticsRun(path, trainer="verl", replay="rollout", layers=range(4), num_experts=8, top_k=2,
                         steps=steps, **options) as run:
         for step in range(1, steps + 1):

@@ -77,7 +77,8 @@ def test_several_steps_merge_as_each_keys_mean_over_the_steps_that_have_it():
 
 
 def _routes(rng: np.random.Generator, tokens: int = 64, layers: int = 3, top_k: int = 2) -> np.ndarray:
-    return rng.integers(0, 8, size=(tokens, layers, top_k)).astype(np.int16)  # [tokens, layers, top_k]
+    """Random top-k decisions: ``top_k`` distinct experts of 8 each, ``[tokens, layers, top_k]``."""
+    return np.argsort(rng.random((tokens, layers, 8)), axis=-1)[..., :top_k].astype(np.int16)
 
 
 def test_diagnostics_run_sends_each_step_to_tensorboard_as_moestab_train_does(tmp_path):
@@ -89,8 +90,8 @@ def test_diagnostics_run_sends_each_step_to_tensorboard_as_moestab_train_does(tm
                         report_to="tensorboard") as run:
         for step in (1, 2):
             rollout, trainer = _routes(rng), _routes(rng)
-            metrics = route_diagnostics(rollout, trainer, num_experts=8, logp_rollout=rng.normal(size=64),
-                                        logp_trainer=rng.normal(size=64), aliases=True)
+            metrics = route_diagnostics(rollout, trainer, num_experts=8, logp_rollout=-rng.exponential(size=64),
+                                        logp_trainer=-rng.exponential(size=64), aliases=True)
             run.log(step, {**metrics, keys.EXPERTS_LOAD: rng.dirichlet(np.ones(8), size=3).round(6).tolist()})
     lines = [json.loads(x) for x in (tmp_path / "run" / schema.METRICS_JSONL).read_text().splitlines()]
     expected = {line["step"]: scalars(line) for line in lines}  # what was written, as moestab train sends it
