@@ -20,6 +20,7 @@ import datetime
 import inspect
 import itertools
 import math
+import os
 import textwrap
 import types
 import typing
@@ -352,6 +353,25 @@ def check_response_cap(name: str, tokens: int | None, *, as_range: bool = False)
                           f"{shown(tokens)}")
     check_at_least(name, tokens, 1)
     check_at_most(name, tokens, MAX_NEW_TOKENS, "beyond a response an RL step trains on")
+
+
+NAME_MAX = 255
+"""Longest file or folder name, in bytes (Linux and macOS file systems): a longer one fails with ENAMETOOLONG."""
+PATH_MAX = 4096
+"""Longest path, in bytes (Linux)."""
+
+
+def check_path_lengths(name: str, path: str | None) -> None:
+    """Each part of ``path`` fits in a file name, and the whole in a path (else the first write fails with a
+    traceback, after the run has started)."""
+    if path is None:
+        return
+    long = [part for part in Path(path).parts if len(os.fsencode(part)) > NAME_MAX]
+    if long:
+        raise ConfigError(f"{name}: the name {shown(long[0])} is {len(os.fsencode(long[0]))} bytes; file systems "
+                          f"take names of at most {NAME_MAX}")
+    if len(os.fsencode(str(Path(path).absolute()))) > PATH_MAX:
+        raise ConfigError(f"{name}: the path is over {PATH_MAX} bytes long; give a shorter one")
 
 
 def check_cache_dir(name: str, folder: str | None) -> None:

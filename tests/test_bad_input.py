@@ -140,7 +140,19 @@ CASES: list[tuple[str, Setup, str]] = [
      "would replace run"),
     ("dashboard-unknown-host", lambda t: ["dashboard", str(t), "--host", "no-such-host.invalid", "--no-browser"],
      "cannot resolve --host 'no-such-host.invalid'"),
+    ("model-empty-folder", lambda t: ["train", "--model", _folder(t, "empty-model"), *OUT],
+     "is not a Hugging Face model folder (it has no config.json)"),
+    ("model-without-weights", lambda t: ["train", "--model", _model_folder(t), *OUT],
+     "is not a Hugging Face model folder (its config.json names no model_type)"),
+    ("out-name-too-long", lambda t: ["train", "--out", "x" * 300], "out: the name 'xxx"),
+    ("embedded-spec-too-large", lambda t: ["train", "--model", "embedded:layers=100000", *OUT],
+     "the embedded policy takes at most 1,000,000,000"),
 ]
+
+
+def _folder(tmp: Path, name: str) -> str:
+    (tmp / name).mkdir()
+    return str(tmp / name)
 
 
 def _finished_run_folder(tmp: Path) -> Path:

@@ -107,8 +107,27 @@ def _value(model: str, key: str, raw: str) -> str | int:
     return int(raw)
 
 
+MAX_EMBEDDED_PARAMS = 10**9
+"""Largest embedded policy: 1e9 parameters take ~16 GB to train (fp32 weights, gradients and two AdamW moments);
+a larger spec is a typo that would allocate for minutes and then fail, or hang (``layers=100000``)."""
+
+
+def embedded_params(spec: EmbeddedModelSpec) -> int:
+    """About how many parameters ``spec`` builds: per layer, attention (4 x hidden^2), the router (hidden x experts)
+    and the experts (3 x hidden x width each); embeddings are left out (the vocabulary is a few hundred tokens)."""
+    width = spec.expert_width or spec.hidden_size
+    h = spec.hidden_size
+    per_layer = 4 * h**2 + h * spec.num_experts + spec.num_experts * 3 * h * width
+    return spec.num_layers * per_layer
+
+
 def _check_shape(model: str, spec: EmbeddedModelSpec) -> None:
-    """top_k within the experts, four heads, and an expert width only where the family's config has one."""
+    """top_k within the experts, four heads, a size that fits in memory, and an expert width only where the family's
+    config has one."""
+    params = embedded_params(spec)
+    if params > MAX_EMBEDDED_PARAMS:
+        raise ValueError(f"model spec {model!r}: about {params:,} parameters ({params * 16 / 2**30:,.0f} GiB to "
+                         f"train); the embedded policy takes at most {MAX_EMBEDDED_PARAMS:,}")
     if spec.top_k > spec.num_experts:
         raise ValueError(f"model spec {model!r}: top_k={spec.top_k} exceeds experts={spec.num_experts}")
     if spec.hidden_size % 4:

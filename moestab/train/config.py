@@ -18,6 +18,7 @@ from moestab.configs import (
     check_finite,
     check_group_size,
     check_minibatches,
+    check_path_lengths,
     check_rate,
     check_response_cap,
     check_seed,
@@ -324,6 +325,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
                 raise ConfigError(f"{name} is empty; give {what}")
+        for name in ("out", "resume", "cache_dir"):
+            check_path_lengths(name, getattr(self, name))
         check_cache_dir("cache_dir", self.cache_dir)
 
     @property

@@ -65,12 +65,36 @@ def base_policy_path(config: TrainConfig, task: Task, log: Callable[[str], None]
     return str(path), record
 
 
+def hf_folder_problem(folder: Path) -> str:
+    """Why ``folder`` cannot be a Hugging Face model folder (no config.json, one that is not a JSON object with a
+    ``model_type``, no weights), or "" when it may be one."""
+    import json
+
+    config = folder / "config.json"
+    if not config.is_file():
+        return "it has no config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        return f"its config.json is not a JSON object ({type(exc).__name__})"
+    if not isinstance(model_type, str) or not model_type:
+        return "its config.json names no model_type"
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        return "it holds no weights (*.safetensors or *.bin)"
+    return ""
+
+
 def load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     """A supported MoE policy from a local folder (or a hub id), with errors that name what is wrong."""
     folder = Path(path).expanduser()
     if not folder.exists() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
         raise TrainingError(f"model: the folder {path!r} does not exist (give a Hugging Face checkpoint folder, "
                             "or 'embedded')")
+    if folder.is_dir():
+        problem = hf_folder_problem(folder)
+        if problem:
+            raise TrainingError(f"model: {path} is not a Hugging Face model folder ({problem}); give a checkpoint "
+                                "folder (config.json and weights), or 'embedded'")
     try:
         eager = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # grouped kernels: <= fp32
         model = AutoModelForCausalLM.from_pretrained(str(folder) if folder.exists() else path, dtype=dtype, **eager)
