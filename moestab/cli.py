@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Iterable, Sequence
 
 from moestab import __version__
 
-# Subcommand name -> module under moestab.commands (imported lazily: `moestab --help` stays fast).
+# Subcommand name -> module under moestab.commands. Each module imports only argparse-level things at its top (its
+# heavy imports are in ``run``), so listing them all for ``moestab --help`` stays fast; ``add_arguments`` may import
+# more (``train``'s reads TrainConfig), so only the chosen subcommand's runs.
 SUBCOMMANDS = {
     "train": "train",
     "analyze": "analyze",
@@ -21,7 +24,9 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] = tuple(SUBCOMMANDS)) -> argparse.ArgumentParser:
+    """The ``moestab`` parser: every subcommand listed with its help, and the arguments of those in ``commands``
+    (all by default; :func:`main` passes only the one on the command line)."""
     parser = argparse.ArgumentParser(
         prog="moestab",
         description="Diagnose Mixture-of-Experts routing stability during RL fine-tuning.",
@@ -31,13 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(f"moestab.commands.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(p)
+        if name in commands:
+            module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
 
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (``moestab`` itself takes no option with
+    a value); ``None`` for ``moestab``, ``moestab --help`` or ``moestab --version``."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(commands=(chosen_command(argv),))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

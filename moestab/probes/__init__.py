@@ -8,12 +8,38 @@
 - ``one_step``: one RL step from given weights, as ``moestab train``'s first step; ``step_volatility``, ``depth``:
   the step probes built on it (they take a task instead of a suite);
 - ``folder``: the probe folder (``probe.json`` + CSV tables) the dashboard reads; ``plots``: its figures.
+
+The names below are imported on first use (PEP 562 ``__getattr__``): ``moestab probe --help`` reads the registry
+and :class:`ProbeSettings` without loading torch, transformers or pandas.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from moestab.probes.errors import ProbeError
-from moestab.probes.folder import ProbeResult, read_probe_folder, write_probe_folder
-from moestab.probes.runner import PROBES, ProbeSettings, run_probe
-from moestab.probes.suites import ProbeSuite, load_suite
+
+if TYPE_CHECKING:
+    from moestab.probes.folder import ProbeResult, read_probe_folder, write_probe_folder
+    from moestab.probes.runner import PROBES, ProbeSettings, run_probe
+    from moestab.probes.suites import ProbeSuite, load_suite
 
 __all__ = ["PROBES", "ProbeError", "ProbeResult", "ProbeSettings", "ProbeSuite", "load_suite", "read_probe_folder",
            "run_probe", "write_probe_folder"]
+
+
+def __getattr__(name: str) -> object:
+    """The probes' names, each imported from its module when first asked for."""
+    if name in ("ProbeResult", "read_probe_folder", "write_probe_folder"):
+        from moestab.probes import folder
+
+        return getattr(folder, name)
+    if name in ("PROBES", "ProbeSettings", "run_probe"):
+        from moestab.probes import runner
+
+        return getattr(runner, name)
+    if name in ("ProbeSuite", "load_suite"):
+        from moestab.probes import suites
+
+        return getattr(suites, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,9 @@
 The registry's error lists the valid names; inputs are checked (checkpoint count, dtypes) before any model is
 loaded, so bad input fails fast and writes nothing. The step probes (step-volatility, depth) take no suite: they run
 RL steps on a task's prompts, which their result records as its suite.
+
+The probes' own modules (torch, transformers, pandas) are imported inside the functions that run them, not at the
+top: ``moestab probe --help`` reads :data:`PROBES` and :class:`ProbeSettings`' defaults without loading them.
 """
 
 from __future__ import annotations
@@ -10,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from moestab.configs import (
     ConfigError,
@@ -24,25 +26,18 @@ from moestab.configs import (
     check_threads,
     is_finite_number,
 )
-from moestab.probes.checkpoints import (
-    Checkpoint,
-    check_dtype,
-    check_same_architecture,
-    load_checkpoint,
-    resolve_checkpoints,
-)
-from moestab.probes.collect import collect
-from moestab.probes.compare import Comparison, compare_records
-from moestab.probes.depth import check_depth_settings, depth
 from moestab.probes.errors import ProbeError
-from moestab.probes.folder import ProbeResult
-from moestab.probes.numerics import numerics
-from moestab.probes.one_step import StepRecipe, prepare_tokenizer, probe_task
-from moestab.probes.saturation import saturation
-from moestab.probes.step_volatility import step_volatility
 from moestab.probes.suites import GENERAL, SUITE_FORMS, ProbeSuite, load_suite
 from moestab.text import shown
 from moestab.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from moestab.probes.checkpoints import Checkpoint
+    from moestab.probes.compare import Comparison
+    from moestab.probes.folder import ProbeResult
+    from moestab.probes.one_step import StepRecipe
 
 
 @dataclass(frozen=True)
@@ -108,6 +103,8 @@ class ProbeSettings:
 
     def _check_collect(self) -> None:
         """Precisions, batch, text cut and device of the probes that run checkpoints on a suite."""
+        from moestab.probes.checkpoints import check_dtype
+
         check_dtype(self.dtype)
         check_dtype(self.other_dtype)
         if self.batch_size < 1:
@@ -119,6 +116,8 @@ class ProbeSettings:
 
     def _check_steps(self) -> None:
         """The step probes' settings, with ``moestab train``'s rules where they are its settings."""
+        from moestab.probes.depth import check_depth_settings
+        from moestab.probes.one_step import probe_task
         from moestab.rl import PRESETS
 
         if self.algo not in PRESETS:
@@ -166,6 +165,10 @@ def _comparison_tables(comparison: Comparison, label: str | None = None) -> dict
 
 
 def _compare(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    from moestab.probes.checkpoints import check_same_architecture, load_checkpoint
+    from moestab.probes.collect import collect
+    from moestab.probes.compare import compare_records
+
     (a, b) = checkpoints
     model_a, tok_a = load_checkpoint(a, dtype=s.dtype, device=s.device)
     model_b, tok_b = load_checkpoint(b, dtype=s.dtype, device=s.device)
@@ -177,6 +180,10 @@ def _compare(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings)
 
 
 def _numerics(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    import pandas as pd
+
+    from moestab.probes.numerics import numerics
+
     (checkpoint,) = checkpoints  # dtype == other_dtype is allowed: the control that must show no flips
     parts = numerics(checkpoint, suite.texts, dtypes=(s.dtype, s.other_dtype), batch_size=s.batch_size,
                      max_tokens=s.max_tokens, device=s.device, progress=s.progress)
@@ -188,12 +195,16 @@ def _numerics(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings
 
 
 def _saturation(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    from moestab.probes.saturation import saturation
+
     return {"saturation": saturation(checkpoints, suite.texts, reference=s.reference, dtype=s.dtype,
                                      batch_size=s.batch_size, max_tokens=s.max_tokens, device=s.device,
                                      progress=s.progress)}
 
 
 def _recipe(checkpoints: list[Checkpoint], s: ProbeSettings) -> StepRecipe:
+    from moestab.probes.one_step import StepRecipe, probe_task
+
     return StepRecipe(probe_task(s.task, checkpoints), algo=s.algo, prompts=s.prompts, group_size=s.group_size,
                       seed=s.seed, max_new_tokens=s.max_new_tokens)
 
@@ -203,6 +214,10 @@ def _step_suite(checkpoints: list[Checkpoint], s: ProbeSettings) -> ProbeSuite:
 
 
 def _step_volatility(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    from moestab.probes.checkpoints import load_checkpoint
+    from moestab.probes.one_step import prepare_tokenizer
+    from moestab.probes.step_volatility import step_volatility
+
     (checkpoint,) = checkpoints
     recipe = _recipe(checkpoints, s)
     for n in s.minibatch_counts:  # the step's own checks (e.g. max_new_tokens) before the model is loaded
@@ -214,6 +229,8 @@ def _step_volatility(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeS
 
 
 def _depth(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    from moestab.probes.depth import depth
+
     return depth(_recipe(checkpoints, s), layers=s.layers, lr=s.lr, model=s.model, warm_start=s.warm_start,
                  cache_dir=s.cache_dir, dtype=s.dtype, device=s.device, progress=s.progress)
 
@@ -283,6 +300,8 @@ def probe_inputs(
     loaded, in this order: the probe's name, ``settings``, ``count``, the checkpoints (each argument a run folder or
     a model folder, see :func:`select_checkpoints`) and the suite (default: general; ``None`` for the step probes,
     which take neither a suite nor a count)."""
+    from moestab.probes.checkpoints import resolve_checkpoints
+
     probe = get_probe(name)
     settings.check()
     if count is not None and count < 1:
@@ -301,6 +320,8 @@ def run_probe(
 ) -> ProbeResult:
     """Probe ``name`` on ``checkpoints`` (see :func:`select_checkpoints`); ``suite`` is ``None`` for the probes
     that take none (step-volatility, depth) and required by the others."""
+    from moestab.probes.folder import ProbeResult
+
     probe = get_probe(name)
     settings.check()
     expected = {"none": 0, "one": 1, "two": 2}.get(probe.checkpoints)

@@ -13,10 +13,12 @@ estimate's error a between-prompt error that :func:`moestab.metrics.sampling.rat
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from moestab.metrics.sampling import sample_groups
+
+if TYPE_CHECKING:
+    import torch
 
 RULE = ("groups = sorted(torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed))"
         "[:max(1, ceil(fraction * n_groups))]) on steps s with (s - 1) % every == 0")
@@ -69,6 +71,8 @@ class MeasureBudget:
         the trainer lays them out (group ``g`` = rows ``g * group_size`` .. ``(g + 1) * group_size - 1``)."""
         if batch_size % group_size:
             raise ValueError(f"batch of {batch_size} sequences is not whole groups of {group_size}")
+        import torch  # here, not at the top: TrainConfig holds a budget, and `moestab train --help` loads no torch
+
         measured = torch.zeros(batch_size // group_size, dtype=torch.bool)  # [groups]
         if self.measures_step(step):
             measured[self.groups(batch_size // group_size, seed)] = True

@@ -7,10 +7,32 @@ it, step settings), ``rollout`` (HF generate engine), ``forward`` (policy forwar
 ``loop`` (the loop, in its phases). What a step computed and how it is recorded (token layout, step tensors,
 metrics, token tables) is the recording layer's, :mod:`moestab.recording`, which every trainer calls; the run
 folder itself is :class:`moestab.records.RunFolder`'s.
+
+``TrainConfig`` imports no torch; the loop's names are imported on first use (PEP 562 ``__getattr__``), so
+``moestab train --help`` builds its flags from ``TrainConfig`` without loading torch and transformers.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from moestab.train.config import TrainConfig
-from moestab.train.loop import RunResult, train
-from moestab.train.run_folder import TrainingError
+
+if TYPE_CHECKING:
+    from moestab.train.loop import RunResult, train
+    from moestab.train.run_folder import TrainingError
 
 __all__ = ["RunResult", "TrainConfig", "TrainingError", "train"]
+
+
+def __getattr__(name: str) -> object:
+    """The loop's names, imported when first asked for."""
+    if name in ("RunResult", "train"):
+        from moestab.train import loop
+
+        return getattr(loop, name)
+    if name == "TrainingError":
+        from moestab.train.run_folder import TrainingError
+
+        return TrainingError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
