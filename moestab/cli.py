@@ -1,15 +1,18 @@
 """The ``moestab`` console script: a thin dispatcher over ``moestab.commands``.
 
 Each subcommand lives in ``moestab/commands/<name>.py`` and exposes ``HELP`` (one line),
-``add_arguments(parser)`` and ``run(args) -> int``; this module only wires them together.
+``add_arguments(parser)`` and ``run(args) -> int``; this module only wires them together, and shows the library's
+``logging`` messages on stderr while a command runs (:func:`notes_on_stderr`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 from moestab import __version__
 
@@ -55,7 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    with notes_on_stderr():
+        return int(args._run(args) or 0)
+
+
+@contextmanager
+def notes_on_stderr() -> Iterator[None]:
+    """While a command runs, the library's messages (``logging`` under ``moestab``, INFO and up) are printed to stderr
+    as ``moestab: message``; the handler is removed afterwards, leaving an in-process caller's logging as it was."""
+    handler = logging.StreamHandler()  # the sys.stderr of now
+    handler.setFormatter(logging.Formatter("moestab: %(message)s"))
+    logger = logging.getLogger("moestab")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 if __name__ == "__main__":

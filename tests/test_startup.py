@@ -1,17 +1,19 @@
-"""Start-up: ``moestab --help``, ``--version`` and ``moestab COMMAND --help`` load no torch, transformers or pandas.
+"""Start-up: ``moestab --help``, ``--version`` and ``moestab COMMAND --help`` load no torch, transformers or pandas;
+and the library's ``logging`` messages shown by the CLI.
 
 A structural check (which modules a fresh interpreter holds afterwards), not a timing: the times are
 bench/bench_startup.py's, in docs/benchmarks.md.
 """
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from moestab.cli import SUBCOMMANDS, build_parser, chosen_command
+from moestab.cli import SUBCOMMANDS, build_parser, chosen_command, notes_on_stderr
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "pandas")
@@ -68,3 +70,13 @@ def test_chosen_command_is_the_first_word_that_is_not_an_option():
     assert chosen_command(["--version"]) is None
     assert chosen_command([]) is None
     assert chosen_command(["-h", "probe", "compare"]) == "probe"
+
+
+def test_the_cli_shows_library_messages_on_stderr_while_a_command_runs(capsys):
+    library = logging.getLogger("moestab.train.loop")  # a library module's logger, as it logs its notes
+    with notes_on_stderr():
+        library.info("start: eval accuracy 12.5% on 8 held-out examples")
+        library.debug("not shown: below INFO")
+    library.info("after the command: not the CLI's to show")
+    assert capsys.readouterr().err == "moestab: start: eval accuracy 12.5% on 8 held-out examples\n"
+    assert logging.getLogger("moestab").handlers == []  # nothing left behind for an in-process caller

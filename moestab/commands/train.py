@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         if config.nproc > 1 and world_from_env().size == 1:  # start the processes; each runs this command
             from moestab.train.launch import launch
 
-            code, ended_cleanly = launch(config)
+            code, ended_cleanly = launch(config, log=print)
             if not ended_cleanly:
                 print(f"moestab train: error: the {config.nproc} training processes failed (torchrun exit status "
                       f"{code}); the first failure is printed above, and {config.run_dir}/run.json records it "
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             return code
         if config.threads:  # the process's environment is the command's to set, not the library's
             torch.set_num_threads(config.threads)
-        result = train(config)
+        result = train(config, log=print)  # the run's notes on stdout, as ever
     except (ConfigError, TrainingError, TaskError, RoutingError) as exc:
         rank = world_from_env().rank
         if rank and getattr(exc, "said_by_rank_0", False):  # rank 0's refusal, raised on every rank: said once

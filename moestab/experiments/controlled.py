@@ -19,6 +19,7 @@ update, and no stop on zero-advantage steps (a collapse is the measurement).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,9 @@ from moestab.experiments.stability import COLLAPSE_DROP, run_stability
 from moestab.metrics import keys
 from moestab.metrics.paired import paired_interval
 from moestab.records.reader import load_metrics
+
+logger = logging.getLogger(__name__)
+"""The experiment's notes when :func:`run_scan` / :func:`run_evaluation` are given no ``log``."""
 
 STABILITY_RULE = (f"a run is stable when its final eval accuracy is not more than COLLAPSE_DROP = {COLLAPSE_DROP} "
                   "below its start (run_stability's collapse is 0) and its reward_gain (mean reward of the last "
@@ -153,7 +157,7 @@ def _require_finished(runs: Sequence[GridRun], stage: str) -> None:
                            "stage first (it resumes from finished runs)")
 
 
-def run_scan(plan: Plan, out: str | Path, *, log: Callable[[str], None] = print) -> list[Path]:
+def run_scan(plan: Plan, out: str | Path, *, log: Callable[[str], None] = logger.info) -> list[Path]:
     return run_grid(scan_runs(plan, out), log=log)
 
 
@@ -300,7 +304,7 @@ def check_preregistration(plan: Plan, out: str | Path, path: str | Path) -> floa
 
 
 def run_evaluation(
-    plan: Plan, out: str | Path, prereg: str | Path, *, log: Callable[[str], None] = print,
+    plan: Plan, out: str | Path, prereg: str | Path, *, log: Callable[[str], None] = logger.info,
     shards: tuple[int, int] = (0, 1),
 ) -> list[Path]:
     """Every evaluation run not finished yet, after :func:`check_preregistration`; ``shards`` ``(i, n)``: only

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,9 @@ from moestab.records.errors import RunError
 from moestab.records.lock import RunLockedError
 from moestab.records.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
+
+logger = logging.getLogger(__name__)
+"""The grid's notes (run started, run skipped) when :func:`run_grid` is given no ``log``."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def _locked(error: BaseException | None) -> RunLockedError | None:
     return None
 
 
-def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = print) -> list[Path]:
+def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = logger.info) -> list[Path]:
     """Train every run that has not finished (an unfinished folder is started over); returns the run folders.
 
     A run another process is training (its folder's lock is held) is skipped with a note, so several processes may

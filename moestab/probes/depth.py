@@ -22,6 +22,7 @@ Starting weights, chosen by ``warm_start``:
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +41,9 @@ from moestab.routing import find_routers
 from moestab.tasks.spec import parse_spec
 from moestab.train.config import TrainConfig
 from moestab.train.recipe import base_policy_path
+
+logger = logging.getLogger(__name__)
+"""The warm starts' notes, with ``progress`` (``moestab probe depth`` shows them on stderr)."""
 
 MAX_LAYERS = 64
 """Deepest policy the probe builds (a guard against typos such as 160 for 16)."""
@@ -109,7 +113,7 @@ def depth(
     """
     check_depth_settings(layers, model)
     recipe.step_settings(1)
-    log = (lambda message: print(message, file=sys.stderr)) if progress else (lambda message: None)
+    log = logger.info if progress else (lambda message: None)
     rows, by_layer = [], []
     for n in tqdm(layers, desc="depth", unit="depth", disable=not progress, file=sys.stderr):
         policy, tokenizer, accuracy = _policy(with_layers(model, n), recipe, warm_start=warm_start,

@@ -6,12 +6,14 @@ starts; the processes then get the resolved config as a YAML file, so they run e
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -22,6 +24,9 @@ from moestab.records.errors import RunError
 from moestab.train.config import TrainConfig
 from moestab.train.interrupt import exit_status
 from moestab.train.run_folder import prepare_run_folder
+
+logger = logging.getLogger(__name__)
+"""The launcher's notes when :func:`launch` is given no ``log``."""
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 SHUTDOWN_TIMEOUT_S = 3600
@@ -43,7 +48,7 @@ def worker_environment(config: TrainConfig) -> dict[str, str]:
     return env
 
 
-def launch(config: TrainConfig) -> tuple[int, bool]:
+def launch(config: TrainConfig, *, log: Callable[[str], None] = logger.info) -> tuple[int, bool]:
     """Run ``config`` in ``config.nproc`` processes; returns ``(exit status, whether the run ended cleanly)``: 0 when
     it finished, 130 / 143 (:func:`~moestab.train.interrupt.exit_status`) when a forwarded Ctrl-C / SIGTERM stopped it
     cleanly (torchrun exits non-zero after forwarding a signal, even when rank 0 saved), else torchrun's status.
@@ -51,9 +56,9 @@ def launch(config: TrainConfig) -> tuple[int, bool]:
     Ctrl-C and SIGTERM reach the processes once, through torchrun (its own session, so a terminal's Ctrl-C is not
     delivered twice): each finishes its step, rank 0 saves and marks the run ``interrupted``. When a process dies,
     torchrun stops the others and names the rank that failed first; rank 0 records the failure in run.json when it
-    can.
+    can. ``log`` takes the run folder's notes (an overwrite, a lock taken over; ``moestab train`` prints them).
     """
-    prepare_run_folder(config, log=print)  # raises before any process starts
+    prepare_run_folder(config, log=log)  # raises before any process starts
     signalled: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

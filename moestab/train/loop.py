@@ -7,6 +7,7 @@ recipe the probes share (device, base policy, loading it, step settings) is :mod
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 from collections.abc import Callable
@@ -58,6 +59,9 @@ from moestab.train.recipe import (
 from moestab.train.run_folder import NothingToLearnError, TrainingError, TrainRun
 from moestab.train.step import extra_examples, run_step, step_examples, step_seed
 
+logger = logging.getLogger(__name__)
+"""The run's notes when :func:`train` is given no ``log``."""
+
 T = TypeVar("T")
 
 
@@ -83,7 +87,7 @@ def check_world(config: TrainConfig, world: World) -> None:
 def train(
     config: TrainConfig,
     *,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = logger.info,
     rollout_engine: Callable[..., RolloutEngine] | None = None,
 ) -> RunResult:
     """Run (or resume) the RL fine-tuning described by ``config``; returns where and how it ended.
@@ -94,6 +98,9 @@ def train(
     engine that samples the rollouts (default: ``config.rollout_engine``'s, in ``config.rollout_dtype``); it meets
     the contract of ``moestab.train.engine`` (a ``RolloutBatch`` with the routes it used, and their gate weights when
     ``gates``, for TRR).
+
+    ``log`` takes the run's notes (its start, a resume, an overwrite, a lock taken over, an interrupt; default: this
+    module's logger at INFO; ``moestab train`` prints them).
 
     Under torchrun (``config.nproc`` processes) every process calls this; the policy is sharded with FSDP2 and rank
     0 writes the run (``moestab.train.distributed``).

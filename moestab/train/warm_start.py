@@ -15,6 +15,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -30,6 +31,9 @@ from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.tasks import Task
 from moestab.train.evaluate import greedy_accuracy
 from moestab.train.threads import torch_threads
+
+logger = logging.getLogger(__name__)
+"""The warm start's notes when :func:`warm_start` is given no ``log``."""
 
 WARM_START_VERSION = 2  # bump when the procedure changes, so old cache entries are not reused
 # 1: the only count every machine can run, so the base cannot depend on the core count.
@@ -78,7 +82,9 @@ def sft_batch(tokenizer, examples, device) -> tuple[torch.Tensor, torch.Tensor, 
     return ids.to(device), mask.to(device), loss_mask.to(device)
 
 
-def warm_start(spec: WarmStartSpec, task: Task, cache_dir: Path, *, log=print) -> tuple[Path, dict]:
+def warm_start(
+    spec: WarmStartSpec, task: Task, cache_dir: Path, *, log: Callable[[str], None] = logger.info
+) -> tuple[Path, dict]:
     """Path of the warm-started base (built now or found in the cache) and its record.
 
     Several runs may start together on one empty cache (a sweep, one HOME): the first to take the entry's lock builds
