@@ -55,4 +55,6 @@ run trl-budget025 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measu
 run analysis-sizes $PY bench/bench_analysis.py --sizes
 # Budget 1 against the code issue 28 measured, side by side (ratios of other days do not compare)
 run ab-2fa08e0 bash bench/ab_commit.sh 2fa08e0 3
+# moestab --help / --version / train --help start-up, against the commit before it was made light (issue 39.6)
+run startup $PY bench/bench_startup.py --before 487c8e6 --rounds 20
 echo "logs in $OUT"
