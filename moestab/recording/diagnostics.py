@@ -16,8 +16,8 @@ take well under a second on one CPU core (bench/bench_diagnostics.py, docs/bench
 
 from __future__ import annotations
 
+import logging
 import socket
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -44,6 +44,8 @@ and log-probs the trainer's loss actually used: 0 routing change under R3)."""
 
 REMEDIES = Remedies(folder="DiagnosticsRun(path)", overwrite="DiagnosticsRun(..., overwrite=True)", resume=None)
 """How a refused run folder tells the caller to go on."""
+
+logger = logging.getLogger(__name__)
 
 
 def _array(value: Any, field: str) -> np.ndarray:
@@ -230,10 +232,6 @@ def _check_value(key: str, value: object, kind: str) -> None:
         raise ValueError(f"metrics[{key!r}] is {repr(value)[:60]}; the key table says {kind} (moestab.metrics.keys)")
 
 
-def _note(message: str) -> None:
-    print(f"moestab: {message}", file=sys.stderr)
-
-
 class DiagnosticsRun:
     """A moestab run folder that another framework's trainer appends :func:`route_diagnostics` steps to.
 
@@ -298,7 +296,7 @@ class DiagnosticsRun:
             raise RuntimeError(f"{self.folder} is already open")
         stack = ExitStack()
         try:
-            stack.enter_context(self.folder.lock(note=_note))
+            stack.enter_context(self.folder.lock(note=logger.warning))  # a dead writer's lock taken over
             if self.folder.check_new(overwrite=self.overwrite, remedies=REMEDIES):
                 self.folder.clear()
             writer = RunWriter(self.folder.path)

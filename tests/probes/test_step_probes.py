@@ -71,10 +71,11 @@ def test_a_setting_reproduces_the_step_the_run_logged(run):
 
 
 def test_lr_zero_changes_nothing_and_each_update_adds_a_minibatch_entry(run):
-    result = probe("step-volatility", [run], lrs=(0.0, 1e-3), minibatch_counts=(1, 2, 4))
+    # The run's task names a reward file: stated here, as a user must (a run folder alone does not run code).
+    result = probe("step-volatility", [run], task=TASK, lrs=(0.0, 1e-3), minibatch_counts=(1, 2, 4))
     table, by_minibatch = result.tables["step_volatility"], result.tables["step_volatility_by_minibatch"]
     assert result.checkpoints == [f"run@1={run / schema.checkpoint_dir(1)}"]  # a run folder: its last checkpoint
-    assert result.suite["name"] == f"task:{task_from_spec(TASK).spec}"  # the run's task by default
+    assert result.suite["name"] == f"task:{task_from_spec(TASK).spec}"  # the run's task, as stated
     assert list(zip(table.lr, table.minibatches, strict=True)) == [(0.0, 1), (0.0, 2), (0.0, 4), (1e-3, 1), (1e-3, 2),
                                                                    (1e-3, 4)]
     # One rollout for every setting: same weights, same seed.
@@ -154,9 +155,9 @@ def test_cli_and_script_write_probe_folders_with_plots(run, tmp_path, capsys, mo
     assert (plots / "depth.png").stat().st_size > 0
 
     script = str(ROOT / "probes" / "step_volatility.py")
-    monkeypatch.setattr(sys, "argv", [script, str(run), "--prompts", "4", "--group-size", "4", "--lrs", "1e-3",
-                                      "--minibatch-counts", "1", "2", "--csv", str(tmp_path / "tables.csv"), "--plots",
-                                      str(plots), "--no-progress"])
+    monkeypatch.setattr(sys, "argv", [script, str(run), "--task", TASK, "--prompts", "4", "--group-size", "4",
+                                      "--lrs", "1e-3", "--minibatch-counts", "1", "2",
+                                      "--csv", str(tmp_path / "tables.csv"), "--plots", str(plots), "--no-progress"])
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(script, run_name="__main__")
     assert exit_info.value.code == 0
@@ -196,7 +197,8 @@ def save_abc_model(path: Path) -> str:
         (["depth", "--model", "embedded:layers=4"], "sets layers; the probe sets them from --layers"),
         (["depth", "--model", "some/folder"], "depth builds embedded policies; valid: 'embedded'"),
         (["depth", "--group-size", "1"], "group_size must be an integer >= 2, got 1"),
-        (["step-volatility", "RUN", "--max-new-tokens", "1"], "max_new_tokens=1 cannot hold the task's longest"),
+        (["step-volatility", "RUN", "--task", TASK, "--max-new-tokens", "1"],
+         "max_new_tokens=1 cannot hold the task's longest"),
         (["depth", "--layers", "1", "--task", f"arithmetic:reward={REWARD}:always_zero"],
          "depth 1: every group's rewards were equal (mean reward 0), so every advantage was 0"),
         (["step-volatility", "ABC", "--task", "arithmetic"], "cannot encode task arithmetic"),

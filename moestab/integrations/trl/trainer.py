@@ -8,7 +8,6 @@ own method unchanged. :class:`TrlRecords` holds the recording state, so the trai
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -56,11 +55,6 @@ logger = logging.getLogger(__name__)
 
 REMEDIES = Remedies(folder="run_dir", overwrite="RecordSettings(..., overwrite=True)", resume=None)
 """How a refusal of the run folder tells a TRL user to go on (the policy is ``moestab train``'s: ``RunFolder``)."""
-
-
-def _note(message: str) -> None:
-    """Tell the user something that needs no action (e.g. a dead writer's lock taken over): on stderr."""
-    print(f"moestab: {message}", file=sys.stderr)
 
 
 class TrlRecords:
@@ -126,7 +120,7 @@ class TrlRecords:
             # training ended; another live writer's folder is refused (RunLockedError names it). The folder is then
             # checked as ``moestab train`` checks it: absent, empty, or (overwrite) a run not being written, deleted.
             folder = RunFolder(self.run_dir)
-            stack.enter_context(folder.lock(note=_note))
+            stack.enter_context(folder.lock(note=logger.warning))  # a dead writer's lock taken over: seen by default
             if folder.check_new(overwrite=self.settings.overwrite, remedies=REMEDIES):
                 folder.clear()
             self.writer = None
