@@ -312,8 +312,8 @@ def test_slime_bad_samples_name_the_field():
         import_routes("slime", [samples[0], dict(samples[1], rollout_routed_experts=None)], num_experts=32)
     flat = [dict(s, rollout_routed_experts=s["rollout_routed_experts"].reshape(len(s["tokens"]) - 1, -1))
             for s in samples]
-    with pytest.raises(PayloadError, match=r"samples\[0\]\.rollout_routed_experts must be \[tokens, layers, top_k\], "
-                                           r"got shape \[4, 6\] \(int32\)"):
+    with pytest.raises(PayloadError, match=r"samples\[0\]\.rollout_routed_experts must be \[tokens, layers, top_k\] "
+                                           r"with top_k >= 1, got shape \[4, 6\] \(int32\)"):
         import_routes("slime", flat, num_experts=32)
     with pytest.raises(PayloadError, match=r"train_data's tokens, response_lengths, rollout_routed_experts"):
         import_routes("slime", {"tokens": [[0] * 5], "response_lengths": [2, 3], "rollout_routed_experts": [None]},

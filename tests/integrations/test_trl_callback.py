@@ -471,9 +471,10 @@ def test_a_run_in_the_folder_is_kept_unless_overwritten_by_moestab_trains_own_ru
     with pytest.raises(RunFolderError, match=re.escape(refusal)):
         run_snippet(tmp_path, model, tokenizer, max_steps=2)
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before  # nothing changed
-    (run / "notes.txt").write_text("part of the old run")
+    (run / "notes.txt").write_text("the user's, beside the old run")
     MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward,
                        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
                        args=grpo_args(tmp_path / "trl", max_steps=2),
                        moestab=RecordSettings(run, overwrite=True)).train()
-    assert read_run_info(run).status == "finished" and not (run / "notes.txt").exists()  # deleted, then rewritten
+    assert read_run_info(run).status == "finished"  # the old run deleted, then rewritten
+    assert (run / "notes.txt").read_text() == "the user's, beside the old run"  # not moestab's: kept
