@@ -394,6 +394,9 @@ def test_grpo_against_gspo_by_how_much_matches_moestab_analyze(algo_server: str,
                              "--json"], capture_output=True, text=True, check=True)
     changed = {record["run"]: record["old_new_changed"] for record in json.loads(result.stdout)}
     d = [changed[f"grpo-s{seed}"] - changed[f"gspo-s{seed}"] for seed in (0, 1)]
+    # The check can fail: routes did change in every run, and the two seeds' differences differ (a nonzero interval).
+    assert all(value > 0 for value in changed.values()), changed
+    assert d[0] != d[1], d
     mean = (d[0] + d[1]) / 2
     half = T_975_DF1 * (abs(d[0] - d[1]) / math.sqrt(2)) / math.sqrt(2)  # t * sd / sqrt(n), sd of two = |d0-d1|/sqrt 2
     for text, value, expected in ((cell["difference"], shown, mean), ("low", low, mean - half),
