@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from moestab.probes.errors import ProbeError
+from moestab.records.files import atomic_write_text
 
 PROBE_JSON = "probe.json"
 TABLE_COLUMN = "table"
@@ -57,11 +58,11 @@ def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
         if not _TABLE_NAME.match(name):
             raise ProbeError(f"table name {name!r} is not a valid file name")
     out.mkdir(parents=True, exist_ok=True)
-    for name, table in result.tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
+    for name, table in result.tables.items():  # replaced by rename, never written through a planted link
+        atomic_write_text(out / f"{name}.csv", table.to_csv(index=False))
     meta = {"probe": result.probe, "checkpoints": result.checkpoints, "suite": result.suite,
             "settings": result.settings, "tables": list(result.tables)}
-    (out / PROBE_JSON).write_text(json.dumps(meta, indent=2))  # last: marks a complete folder
+    atomic_write_text(out / PROBE_JSON, json.dumps(meta, indent=2))  # last: marks a complete folder
     return out
 
 

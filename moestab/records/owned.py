@@ -14,8 +14,14 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json
 
 def owner(path: str | Path) -> str | None:
     """What ``path`` belongs to, in words ("run runs/a's metrics.jsonl", "checkpoint X's config.json"), or None when
-    writing it would replace nothing of a run's or a model folder's."""
-    path = Path(path).absolute()
+    writing it would replace nothing of a run's or a model folder's. A link is judged by its target too (a write
+    follows it)."""
+    path = Path(path)
+    target = path.resolve()
+    return _owner(path.absolute()) or (_owner(target) if target != path.absolute() else None)
+
+
+def _owner(path: Path) -> str | None:
     for folder in path.parents:
         if (folder / schema.RUN_JSON).is_file():
             first = path.relative_to(folder).parts[0]

@@ -67,3 +67,27 @@ def test_a_created_folder_is_said(tmp_path, capsys):
     assert f"created the folder {tmp_path / 'made'}" in capsys.readouterr().err
     emit("[]", str(tmp_path / "made" / "out.json"))  # replaced, as documented; nothing created this time
     assert capsys.readouterr().err == "" and (tmp_path / "made" / "out.json").read_text() == "[]\n"
+
+
+def test_a_link_to_a_runs_file_is_judged_by_its_target(tmp_path):
+    run = a_run(tmp_path / "run").path
+    link = tmp_path / "summary.json"
+    link.symlink_to(run / schema.RUN_JSON)
+    assert owner(link) == f"run {run}'s {schema.RUN_JSON}"  # writing the link would replace run.json
+
+
+def test_a_probe_folder_is_written_by_rename_not_through_a_planted_link(tmp_path):
+    import pandas as pd
+
+    from moestab.probes.folder import PROBE_JSON, ProbeResult, read_probe_folder, write_probe_folder
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("mine")
+    out = tmp_path / "probe"
+    out.mkdir()
+    (out / PROBE_JSON).symlink_to(victim)
+    (out / "t.csv").symlink_to(victim)
+    result = ProbeResult(probe="compare", checkpoints=[], suite={}, settings={}, tables={"t": pd.DataFrame({"a": [1]})})
+    write_probe_folder(result, out)
+    assert victim.read_text() == "mine"
+    assert not (out / PROBE_JSON).is_symlink() and read_probe_folder(out).tables["t"]["a"].tolist() == [1]
