@@ -58,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    with notes_on_stderr():
-        return int(args._run(args) or 0)
+    try:
+        with notes_on_stderr():
+            return int(args._run(args) or 0)
+    except KeyboardInterrupt:  # a Ctrl-C the command did not defer (start-up, a second one): no traceback
+        print(f"\nmoestab {args.command}: interrupted", file=sys.stderr)
+        return 130  # what a shell reports for SIGINT
 
 
 @contextmanager

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from moestab.cli import main
 from moestab.records import schema
@@ -147,7 +150,43 @@ CASES: list[tuple[str, Setup, str]] = [
     ("out-name-too-long", lambda t: ["train", "--out", "x" * 300], "out: the name 'xxx"),
     ("embedded-spec-too-large", lambda t: ["train", "--model", "embedded:layers=100000", *OUT],
      "the embedded policy takes at most 1,000,000,000"),
+    ("model-nan-router", lambda t: ["train", "--model", _damaged_model(t, "nan-router"), *OUT],
+     "router model.layers.0.mlp.gate: weight holds 1,024 NaN or infinite values of 1,024; the model's weights are "
+     "damaged"),
+    ("probe-nan-router", lambda t: ["probe", "numerics", _damaged_model(t, "nan-router"), "--count", "2", *OUT],
+     "router model.layers.0.mlp.gate: weight holds 1,024 NaN or infinite values"),
+    ("model-tokenizer-past-the-embedding", lambda t: ["train", "--model", _damaged_model(t, "tokenizer"), *OUT],
+     "its tokenizer has 109 tokens but the model's embedding has 89 rows (ids 89-108 have none)"),
+    ("probe-tokenizer-past-the-embedding", lambda t: ["probe", "numerics", _damaged_model(t, "tokenizer"), *OUT],
+     "its tokenizer has 109 tokens but the model's embedding has 89 rows"),
+    ("probe-out-an-existing-run", lambda t: ["probe", "numerics", _model_folder(t), "--out",
+                                             str(_finished_run_folder(t))],
+     "exists and is not a probe folder; choose an empty or new folder"),
 ]
+
+
+def _damaged_model(tmp: Path, how: str) -> str:
+    """The embedded policy saved, then damaged: a router of NaN, a weight cut by one column (transformers logs its
+    report, so tests/train/test_faults.py runs that one in a process of its own), or a tokenizer with 20 tokens more
+    than the embedding has rows."""
+    from safetensors.torch import load_file, save_file
+
+    from moestab.models import build_embedded_policy, save_policy
+
+    folder = Path(save_policy(*build_embedded_policy(), tmp / "model"))
+    if how == "tokenizer":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer.add_tokens([f"extra{i}" for i in range(20)])
+        tokenizer.save_pretrained(folder)
+        return str(folder)
+    weights = load_file(folder / "model.safetensors")
+    router = weights["model.layers.0.mlp.gate.weight"]  # [experts, hidden]
+    weights["model.layers.0.mlp.gate.weight"] = (torch.full_like(router, float("nan")) if how == "nan-router"
+                                                 else router[:, :-1].contiguous())
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return str(folder)
 
 
 def _folder(tmp: Path, name: str) -> str:
@@ -162,6 +201,12 @@ def _finished_run_folder(tmp: Path) -> Path:
     folder = a_run(tmp / "fake-run").path
     (folder / schema.METRICS_JSONL).write_text('{"step": 1}\n')
     return folder
+
+
+def _files(root: Path) -> dict[str, tuple[int, int] | None]:
+    """Every path under ``root``, with its size and modification time if it is a file."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else None
+            for p in sorted(root.rglob("*"))}
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -194,6 +239,107 @@ def test_bounds_are_documented_in_the_help(capsys):
     assert "1 to 10,000,000" in text and "1 to 65,536" in text and "0 <= seed < 2**63" in text
 
 
+# ---- a finished run's files, damaged or planted: --resume refuses before anything changes ---------------------
+
+
+class _Planted:
+    """Unpickled, it would create ``marker``: what a planted training state would do with torch.load's old default."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _metrics_step(run: Path, value: object) -> None:
+    lines = (run / schema.METRICS_JSONL).read_text().splitlines()
+    row = json.loads(lines[1])
+    row["step"] = value
+    lines[1] = json.dumps(row)
+    (run / schema.METRICS_JSONL).write_text("\n".join(lines) + "\n")
+
+
+def _state(run: Path, value: object, steps: tuple[int, ...] = (2,)) -> None:
+    for step in steps:
+        torch.save(value, run / schema.state_file(step))
+
+
+def _cut_states(run: Path) -> None:
+    for path in (run / schema.STATE_DIR).iterdir():
+        path.write_bytes(path.read_bytes()[:100])
+
+
+def _link(run: Path, name: str) -> None:
+    """``name`` in the run folder replaced by a link to a file of the user's beside it."""
+    victim = run.parent / "victim.txt"
+    victim.write_text("the user's")
+    path = run / name
+    if path.exists():
+        path.unlink()
+    path.symlink_to(victim)
+
+
+RESUME = ["--steps", "3", "--no-progress", "--threads", "1"]
+RUN_CASES: list[tuple[str, Callable[[Path], None], bool, str]] = [
+    # (id, damage done to a copy of a finished run, whether --task names the run's reward file, message)
+    # ---- point 1: no write through a planted link ----
+    ("lock-file-is-a-link", lambda run: _link(run, schema.LOCK_FILE), True,
+     f"{schema.LOCK_FILE} is a symbolic link"),
+    ("metrics-is-a-link", lambda run: _link(run, schema.METRICS_JSONL), True,
+     f"{schema.METRICS_JSONL} is a symbolic link"),
+    # ---- point 3: no code runs from a run folder ----
+    ("reward-file-named-by-the-run", lambda run: None, False,
+     "its run.json names the reward function"),
+    # ---- point 6: damaged or planted files ----
+    ("metrics-step-a-string", lambda run: _metrics_step(run, "3"), True,
+     "metrics.jsonl: line 2: 'step' is \"3\", not an integer; mend or delete that line"),
+    ("metrics-step-null", lambda run: _metrics_step(run, None), True,
+     "metrics.jsonl: line 2: 'step' is null, not an integer"),
+    ("state-holds-objects", lambda run: _state(run, {"optimizer": _Planted(run.parent / "planted-ran")}), True,
+     "step_000002.pt: holds Python objects other than tensors and plain containers"),
+    ("state-not-a-training-state", lambda run: _state(run, [1, 2]), True,
+     "step_000002.pt: is not a training state (a dict with an 'optimizer' dict)"),
+    ("state-of-another-optimizer", lambda run: _state(run, {"optimizer": {"state": {}, "param_groups": [{}]}}), True,
+     "step_000002.pt: does not fit this run's optimizer (KeyError: 'params')"),
+    ("every-checkpoint-cut-short", _cut_states, True,
+     "every checkpoint is damaged (step 2: step_000002.pt is not a whole torch.save archive"),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 2-step run of the tiny budget (checkpoints 0-2), trained once for the module; cases copy it."""
+    from moestab.train import train
+    from tests.train.helpers import tiny_config
+
+    root = tmp_path_factory.mktemp("finished")
+    train(tiny_config(root / "run", root / "cache", steps=2, max_zero_advantage_steps=0), log=lambda line: None)
+    return root / "run"
+
+
+@pytest.mark.parametrize(("damage", "task", "message"), [pytest.param(d, t, m, id=i) for i, d, t, m in RUN_CASES])
+def test_a_damaged_run_is_refused_on_resume_and_left_as_it_was(tmp_path, monkeypatch, capsys, finished_run, damage,
+                                                               task, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MOESTAB_CACHE", str(tmp_path / "default-cache"))
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    damage(run)
+    before = _files(tmp_path)
+    from tests.train.helpers import TASK
+
+    code = main(["train", "--resume", str(run), *(["--task", TASK] if task else []), *RESUME])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err, err[:MAX_ERR]
+    assert len(err) < MAX_ERR and "Traceback" not in err, err[:MAX_ERR]
+    # Every file as it was (run.json still finished, metrics and checkpoints untouched); the run folder's own time
+    # moves: its lock was taken and let go.
+    assert _files(tmp_path) == before
+    assert not (tmp_path / "planted-ran").exists()
+
+
 # ---- --resume on a read-only mount --------------------------------------------------------------------------
 
 
@@ -201,11 +347,7 @@ def test_bounds_are_documented_in_the_help(capsys):
 def test_resume_on_a_read_only_mount_is_refused_in_one_line(tmp_path):
     from tests.train.helpers import TASK
 
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare(1) for a private mount namespace")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot make a private mount namespace here: {probe.stderr.decode().strip()}")
+    _private_mount_or_skip()
     tiny = ["--task", TASK, "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "8",
             "--eval-every", "1", "--save-every", "1", "--warm-start-max-steps", "0", "--no-progress", "--threads", "1",
             "--cache-dir", str(tmp_path / "cache")]
@@ -216,15 +358,67 @@ def test_resume_on_a_read_only_mount_is_refused_in_one_line(tmp_path):
                            env=env, timeout=600)
     assert first.returncode == 0, first.stderr
     resume = " ".join(f'"{p}"' for p in [*train, "--resume", "$MNT/run", "--steps", "3"])
-    script = (f"set -e; MNT=$(mktemp -d); mount -t tmpfs -o size=200m tmpfs $MNT; cp -a {tmp_path}/run $MNT/run; "
-              f"mount -o remount,ro $MNT; ls -lR --time-style=full-iso $MNT > {tmp_path}/before; "
-              f"{resume} 2> {tmp_path}/err || echo $? > {tmp_path}/rc; "
-              f"ls -lR --time-style=full-iso $MNT > {tmp_path}/after")
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr
-    err = (tmp_path / "err").read_text()
-    assert (tmp_path / "rc").read_text().strip() == "2", err
+    rc, err = _on_a_read_only_mount(tmp_path, env, f"cp -a {tmp_path}/run $MNT/run",
+                                    f"ls -lR --time-style=full-iso $MNT > {tmp_path}/before; {resume}",
+                                    f"ls -lR --time-style=full-iso $MNT > {tmp_path}/after")
+    assert rc == 2, err
     assert "Read-only file system" in err and "/run" in err and "Traceback" not in err, err
     assert len(err) < MAX_ERR and err.count("error:") == 1, err
     assert (tmp_path / "before").read_text() == (tmp_path / "after").read_text()
+
+
+# ---- Ctrl-C during start-up, an output on a read-only mount ---------------------------------------------------
+
+
+@pytest.mark.parametrize("after_s", [0.5, 3.0])
+def test_ctrl_c_during_start_up_says_interrupted_without_a_traceback(tmp_path, after_s):
+    """Before the steps (imports, the warm start's base policy) nothing defers a Ctrl-C: the command stops at once,
+    130 as a shell reports SIGINT, one line, no run folder."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "MOESTAB_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "moestab.cli", "train", "--out", "run", "--no-progress",
+                             "--threads", "1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-MAX_ERR:]
+    assert err.rstrip().endswith("moestab train: interrupted") and "Traceback" not in err, err[-MAX_ERR:]
+    assert not (tmp_path / "run").exists()
+
+
+def _on_a_read_only_mount(tmp: Path, env: dict, fill: str, command: str, after: str = "true") -> tuple[int, str]:
+    """Run ``command`` (shell; ``$MNT`` names the mount) in a private mount namespace on a 200 MB tmpfs that ``fill``
+    filled before it was made read-only, then ``after``; the command's exit status and stderr."""
+    script = (f"set -e; MNT=$(mktemp -d); mount -t tmpfs -o size=200m tmpfs $MNT; {fill}; mount -o remount,ro $MNT; "
+              f"{command} 2> {tmp}/err && echo 0 > {tmp}/rc || echo $? > {tmp}/rc; {after}")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return int((tmp / "rc").read_text()), (tmp / "err").read_text()
+
+
+def _private_mount_or_skip() -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) for a private mount namespace")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private mount namespace here: {probe.stderr.decode().strip()}")
+
+
+@pytest.mark.parametrize("argv", [["analyze", "RUN", "--csv", "$MNT/out/summary.csv"],
+                                  ["analyze", "RUN", "--json", "$MNT/new/summary.json"],
+                                  ["probe", "numerics", "MODEL", "--out", "$MNT/probe"]])
+def test_an_output_on_a_read_only_mount_is_refused_before_any_work(tmp_path, argv):
+    """README: exit 2 when --json / --csv cannot be written (probe --out likewise), said before anything is read.
+    Root writes through permissions, so only a read-only mount tests this as root: a private mount namespace."""
+    _private_mount_or_skip()
+    run, model = _finished_run_folder(tmp_path), _model_folder(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = " ".join(f'"{a}"' for a in [sys.executable, "-m", "moestab.cli", *argv]).replace(
+        '"RUN"', f'"{run}"').replace('"MODEL"', f'"{model}"')
+    rc, err = _on_a_read_only_mount(tmp_path, env, "mkdir $MNT/out", command)
+    assert rc == 2, err
+    assert "is not writable (read-only or not yours)" in err and "Traceback" not in err, err
+    assert len(err) < MAX_ERR and err.count("error:") == 1, err

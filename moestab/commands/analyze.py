@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from moestab.commands.output import add_output_options, emit, output_problem, uses_stdout
+from moestab.commands.output import OutputError, add_output_options, emit, output_problem, uses_stdout
 
 HELP = "Summarise run folders: stability metrics per run as a table, JSON or CSV, and PNG figures."
 
@@ -122,14 +122,18 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     frame = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-    if args.json is not None:
-        records = [
-            {k: (finite_or_none(v) if isinstance(v, float) else v) for k, v in row.items()}
-            for row in frame.to_dict(orient="records")
-        ]
-        emit(json.dumps(records, indent=2), args.json)
-    if args.csv is not None:
-        emit(frame.to_csv(index=False), args.csv)
+    try:
+        if args.json is not None:
+            records = [
+                {k: (finite_or_none(v) if isinstance(v, float) else v) for k, v in row.items()}
+                for row in frame.to_dict(orient="records")
+            ]
+            emit(json.dumps(records, indent=2), args.json)
+        if args.csv is not None:
+            emit(frame.to_csv(index=False), args.csv)
+    except OutputError as exc:
+        print(f"moestab analyze: error: {exc}", file=sys.stderr)
+        return 2
     if not uses_stdout(args.json, args.csv):
         print(_format_table(frame))
 

@@ -11,6 +11,7 @@ read RUN as the FILE, which is why a FILE that is a folder is refused, saying so
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +56,9 @@ def output_problem(json_target: str | None, csv_target: str | None) -> str | Non
         taken = owner(path)
         if taken is not None:
             return f"{option} {target} would replace {taken}; give another FILE"
+        here = path if path.exists() else above
+        if here is not None and not os.access(here, os.W_OK):  # a read-only mount says so for root too
+            return f"{option} {target}: {here} is not writable (read-only or not yours); give another FILE"
     return None
 
 
@@ -63,8 +67,14 @@ def uses_stdout(json_target: str | None, csv_target: str | None) -> bool:
     return STDOUT in (json_target, csv_target)
 
 
+class OutputError(Exception):
+    """A ``--json`` / ``--csv`` FILE could not be written after all (the disk filled, the folder changed meanwhile);
+    the commands exit 2 with its message."""
+
+
 def emit(text: str, target: str) -> None:
-    """``text`` to stdout (:data:`STDOUT`) or to the file ``target`` (missing folders created, saying so)."""
+    """``text`` to stdout (:data:`STDOUT`) or to the file ``target`` (missing folders created, saying so); a write
+    that fails is an :class:`OutputError` naming the file."""
     if not text.endswith("\n"):
         text += "\n"
     if target == STDOUT:
@@ -72,7 +82,10 @@ def emit(text: str, target: str) -> None:
         return
     path = Path(target)
     missing = [p for p in path.parents if not p.exists()]
-    if missing:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"moestab: created the folder {missing[-1]} for {target}", file=sys.stderr)  # never silently
-    path.write_text(text)
+    try:
+        if missing:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            print(f"moestab: created the folder {missing[-1]} for {target}", file=sys.stderr)  # never silently
+        path.write_text(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from exc

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moestab.commands.output import add_output_options, emit, output_problem, uses_stdout
+from moestab.commands.output import OutputError, add_output_options, emit, output_problem, uses_stdout
 
 if TYPE_CHECKING:
     from moestab.probes.folder import ProbeResult
@@ -120,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not uses_stdout(args.json, args.csv):  # else stdout carries the JSON or CSV only
         _print_result(result, ", ".join(c.label for c in checkpoints) or "its own policies")
-    _save_result(result, args)
+    try:
+        _save_result(result, args)
+    except (OutputError, OSError) as exc:  # checked before the probe ran; this is what changed since
+        print(f"moestab probe: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from moestab.train.config import load_train_config
     from moestab.train.distributed import world_from_env
     from moestab.train.interrupt import exit_status
+    from moestab.train.run_folder import RunCrashedError
 
     hf_logging.disable_progress_bar()  # per-checkpoint load/save bars would drown the training bar
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "config")}
@@ -53,14 +54,14 @@ def run(args: argparse.Namespace) -> int:
         if config.threads:  # the process's environment is the command's to set, not the library's
             torch.set_num_threads(config.threads)
         result = train(config, log=print)  # the run's notes on stdout, as ever
-    except (ConfigError, TrainingError, TaskError, RoutingError) as exc:
+    except (ConfigError, TrainingError, TaskError, RoutingError, RunError) as exc:
         rank = world_from_env().rank
         if rank and getattr(exc, "said_by_rank_0", False):  # rank 0's refusal, raised on every rank: said once
             return 2
         print(f"moestab train{f' (rank {rank})' if rank else ''}: error: {clip(str(exc), MESSAGE_LIMIT)}",
               file=sys.stderr)
         cause = exc.__cause__
-        if isinstance(exc, TrainingError) and cause is not None and not isinstance(cause, OSError | RunError):
+        if isinstance(exc, RunCrashedError) and cause is not None and not isinstance(cause, OSError | RunError):
             print("moestab train: the error was raised here:", file=sys.stderr)
             traceback.print_exception(cause, file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ Each character of ``CHARSET`` is one token; text outside it maps to ``<unk>``. S
 from __future__ import annotations
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from moestab.charset import CHARSET
 
@@ -35,3 +35,15 @@ def build_char_tokenizer(charset: str = CHARSET) -> PreTrainedTokenizerFast:
         padding_side="left",  # decoder-only generation pads on the left
         clean_up_tokenization_spaces=False,
     )
+
+
+def tokenizer_overflow(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """Why ``tokenizer`` cannot feed ``model``: it has more tokens than the model's input embedding has rows, so
+    its last ids would index past the table (an IndexError on CPU, a device assert on a GPU, mid-run). None when it
+    fits; an embedding with spare rows (padding to a multiple) fits."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        return (f"its tokenizer has {len(tokenizer):,} tokens but the model's embedding has {rows:,} rows (ids "
+                f"{rows:,}-{len(tokenizer) - 1:,} have none); resize the embedding (resize_token_embeddings) or use "
+                "the model's own tokenizer")
+    return None

@@ -9,13 +9,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.models.tokenizer import tokenizer_overflow
 from moestab.probes.errors import ProbeError
 from moestab.records import RunFolder, schema
 from moestab.records.errors import RunError, SchemaVersionError
 from moestab.records.reader import list_checkpoints, read_run_info
 from moestab.routing import find_routers
 from moestab.routing.compat import check_generate_recording
-from moestab.routing.errors import IncompatibleTransformersError, NotAnMoEModelError
+from moestab.routing.errors import IncompatibleTransformersError, RoutingError
 from moestab.text import ECHO_LIMIT, clip
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -91,9 +92,12 @@ def load_checkpoint(
         files = f" (weights: {', '.join(weights)})" if weights else ""
         raise ProbeError(f"{checkpoint.path}: cannot load the model and tokenizer{files}: {type(exc).__name__}: "
                          f"{clip(str(exc), 2 * ECHO_LIMIT)}") from exc
+    problem = tokenizer_overflow(model, tokenizer)
+    if problem:
+        raise ProbeError(f"{checkpoint.path}: {problem}")
     try:
         find_routers(model)
-    except NotAnMoEModelError as exc:
+    except RoutingError as exc:  # not an MoE, damaged router weights, a family whose math changed
         raise ProbeError(f"{checkpoint.path}: {exc}") from None
     try:
         check_generate_recording(model)

@@ -9,6 +9,7 @@ The one reader and writer of the format; the CLI and the dashboard's Probes page
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,9 @@ class ProbeResult:
 def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
     """Write ``result`` to ``out`` (created; an existing probe folder there is replaced file by file)."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / PROBE_JSON).is_file():
-        raise ProbeError(f"{out} exists and is not a probe folder; choose an empty or new folder")
+    problem = _out_problem(out)
+    if problem:
+        raise ProbeError(problem)
     for name in result.tables:
         if not _TABLE_NAME.match(name):
             raise ProbeError(f"table name {name!r} is not a valid file name")
@@ -66,12 +68,27 @@ def write_probe_folder(result: ProbeResult, out: str | Path) -> Path:
     return out
 
 
+def _out_problem(out: Path) -> str | None:
+    """Why a probe folder cannot be written at ``out``: a file, or a folder holding something else (a run)."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} exists and is not a folder"
+    if out.is_dir() and any(out.iterdir()) and not (out / PROBE_JSON).is_file():
+        return f"--out {out} exists and is not a probe folder; choose an empty or new folder"
+    here = next((p for p in (out, *out.parents) if p.exists()), None)
+    if here is not None and not os.access(here, os.W_OK):  # a read-only mount says so for root too
+        return f"--out {out}: {here} is not writable (read-only or not yours); choose another folder"
+    return None
+
+
 def check_output_targets(*, out: Path | None = None, plots: Path | None = None) -> None:
-    """Refuse, before a probe runs, a folder option (``moestab probe --out``, ``--plots``) naming an existing file.
-    (``--json`` and ``--csv`` are files, checked by the commands' shared rule for them.)"""
-    for path, what in ((out, "--out"), (plots, "--plots")):
-        if path is not None and path.exists() and not path.is_dir():
-            raise ProbeError(f"{what} {path} exists and is not a folder")
+    """Refuse, before a probe runs, ``moestab probe --out`` where :func:`write_probe_folder` would refuse, and
+    ``--plots`` naming an existing file. (``--json`` and ``--csv`` are files, checked by the commands' shared rule
+    for them.)"""
+    problem = _out_problem(out) if out is not None else None
+    if problem:
+        raise ProbeError(problem)
+    if plots is not None and plots.exists() and not plots.is_dir():
+        raise ProbeError(f"--plots {plots} exists and is not a folder")
 
 
 def read_probe_folder(path: str | Path) -> ProbeResult:

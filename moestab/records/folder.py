@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moestab.records import schema
-from moestab.records.errors import RunError, RunFolderError
+from moestab.records.checkpoint_files import checkpoint_problem
+from moestab.records.errors import RunError, RunFileError, RunFolderError
 from moestab.records.files import atomic_write_bytes, created, refuse_link, remove
 from moestab.records.lock import folder_contents, run_lock
 from moestab.records.run_info import RunInfo, read_run_info
@@ -225,9 +227,13 @@ class RunFolder:
         return kept
 
     # ---- resuming -------------------------------------------------------------------------------
-    def resume_point(self) -> tuple[RunInfo, int]:
-        """The run to continue and the step of its last complete checkpoint; :class:`RunFolderError` when there is
-        none (not a run, a run still being written, a run stopped before its step-0 checkpoint)."""
+    def resume_point(self, *, note: Callable[[str], None]) -> tuple[RunInfo, int]:
+        """The run to continue and the step of its last whole checkpoint; :class:`RunFolderError` when there is none
+        (not a run, a run still being written, a run stopped before its step-0 checkpoint, every checkpoint damaged)
+        or when metrics.jsonl has a line no resume may drop (:meth:`metric_lines`). A damaged last checkpoint (a
+        copy cut short: :func:`~moestab.records.checkpoint_files.checkpoint_problem`) is passed over for the one
+        before, ``note`` saying so; the resumed run drops it (:meth:`drop_checkpoints_after`) as it drops the metric
+        lines it recomputes."""
         try:
             info = self.info()
         except RunError as exc:
@@ -235,11 +241,57 @@ class RunFolder:
         if info.live_status() == schema.STATUS_RUNNING:
             raise RunFolderError(f"--resume {self.path}: the run is still being written by process "
                                  f"{info.writer.get('pid')} on {info.writer.get('host')}; stop it first")
+        try:
+            self.metric_lines()
+        except RunFileError as exc:
+            raise RunFolderError(f"--resume {self.path}: {exc}") from exc
         done = self.complete_checkpoints()
         if not done:
             raise RunFolderError(f"--resume {self.path}: it has no complete checkpoint (it stopped before step 0 was "
                                  "saved); start over with `moestab train --out ... --overwrite`")
-        return info, done[-1]
+        damaged = []
+        for step in reversed(done):
+            problem = checkpoint_problem(self.checkpoint_dir(step), self.state_file(step))
+            if problem is None:
+                for skipped, why in damaged:
+                    note(f"checkpoint {skipped} is damaged ({why}); resuming from checkpoint {step}")
+                return info, step
+            damaged.append((step, problem))
+        shown = "; ".join(f"step {step}: {why}" for step, why in damaged)
+        raise RunFolderError(f"--resume {self.path}: every checkpoint is damaged ({shown}); start over with "
+                             "`moestab train --out ... --overwrite`, or copy the run again")
+
+    def drop_checkpoints_after(self, step: int) -> list[int]:
+        """Delete the checkpoints (model folder and training state) of steps after ``step``: a resumed run's, which
+        :meth:`resume_point` passed over as damaged and the run recomputes. Returns their steps."""
+        later = [s for s in self.complete_checkpoints() if s > step]
+        for later_step in later:
+            remove(self.state_file(later_step))  # first: the checkpoint is no longer complete
+            remove(self.checkpoint_dir(later_step))
+        return later
+
+    def metric_lines(self) -> tuple[list[tuple[int, str]], list[int]]:
+        """metrics.jsonl as ``([(step, line), ...], torn)``: ``torn`` the 1-based numbers of lines that are not JSON
+        objects with a ``step`` (what a kill during an append leaves). Raises :class:`RunFileError` naming the line
+        when a line is a JSON object whose ``step`` is not an integer: no kill writes that, so it is the user's to
+        mend, never dropped. No file: ``([], [])``."""
+        path = self.metrics_file
+        if not path.exists():
+            return [], []
+        lines, torn = [], []
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                torn.append(number)
+                continue
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise RunFileError(path, f"line {number}: 'step' is {json.dumps(step)[:40]}, not an integer; "
+                                   "mend or delete that line, then resume (nothing was changed)")
+            lines.append((step, line))
+        return lines, torn
 
     def leftover_temporaries(self) -> list[Path]:
         """Files and folders an interrupted write leaves: ``.*.tmp`` and ``.step_*.old``, in the folder and its

@@ -102,26 +102,15 @@ class RunWriter:
             f.flush()
 
     def truncate_metrics(self, last_step: int) -> list[int]:
-        """Drop metric lines after ``last_step`` (a resumed run recomputes them) and lines that are not
-        JSON objects with a ``step`` (the torn last line a kill during an append leaves).
+        """Drop metric lines after ``last_step`` (a resumed run recomputes them) and torn lines
+        (:meth:`RunFolder.metric_lines`, which refuses a line whose ``step`` is not an integer).
 
         Returns the 1-based numbers of the torn lines dropped.
         """
-        path = self.folder.metrics_file
-        if not path.exists():
-            return []
-        keep, torn = [], []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                step = json.loads(line)["step"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                torn.append(number)
-                continue
-            if step <= last_step:
-                keep.append(line)
-        atomic_write_text(path, "".join(f"{line}\n" for line in keep))
+        lines, torn = self.folder.metric_lines()
+        if lines or torn:
+            kept = "".join(f"{line}\n" for step, line in lines if step <= last_step)
+            atomic_write_text(self.folder.metrics_file, kept)
         return torn
 
     def write_tokens(self, step: int, table: pa.Table, *, row_group_size: int = TOKEN_ROW_GROUP) -> None:

@@ -11,14 +11,15 @@ Public API:
 - ``find_routers(model)``, ``SUPPORTED_FAMILIES``, ``ADAPTERS``: family support (docs/families.md); each router is
   checked against its adapter on the model itself (``moestab.routing.verify``).
 - Errors: ``RoutingError``, ``NotAnMoEModelError`` (and its ``UnsupportedRoutingError``, ``RouterClassMissingError``,
-  ``TransformersTooOldError``),
-  ``AdapterMismatchError``, ``IncompatibleTransformersError``, ``RoutesMismatchError``, ``RecordingError``.
+  ``TransformersTooOldError``), ``AdapterMismatchError``, ``DamagedWeightsError``, ``IncompatibleTransformersError``,
+  ``RoutesMismatchError``, ``RecordingError``.
 """
 
 from moestab.routing.adapters import ADAPTERS, SUPPORTED_FAMILIES, RouterAdapter
 from moestab.routing.discovery import RouterSite, find_routers
 from moestab.routing.errors import (
     AdapterMismatchError,
+    DamagedWeightsError,
     IncompatibleTransformersError,
     NotAnMoEModelError,
     RecordingError,
@@ -37,6 +38,7 @@ __all__ = [
     "ADAPTERS",
     "SUPPORTED_FAMILIES",
     "AdapterMismatchError",
+    "DamagedWeightsError",
     "IncompatibleTransformersError",
     "NotAnMoEModelError",
     "RecordingError",

@@ -28,6 +28,10 @@ class AdapterMismatchError(RoutingError, RuntimeError):
     """A family's adapter does not reproduce its router's own output (the family's math changed)."""
 
 
+class DamagedWeightsError(RoutingError, ValueError):
+    """A router's own weights hold NaN or infinity: the checkpoint is damaged (not a change of routing math)."""
+
+
 class UnsupportedRoutingError(NotAnMoEModelError):
     """The model is an MoE whose routing cannot be forced exactly (hash routing, capacity dropping, ...)."""
 

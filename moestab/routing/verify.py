@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from moestab.routing.adapters import RouterAdapter
-from moestab.routing.errors import AdapterMismatchError
+from moestab.routing.errors import AdapterMismatchError, DamagedWeightsError
 
 PROBE_TOKENS = 32
 """Synthetic tokens each router is checked on."""
@@ -71,11 +71,22 @@ def _forward_inputs(
     return (tokens, *[None] * (position - 1), bias)
 
 
+def check_finite_router(router: nn.Module, name: str) -> None:
+    """Raise :class:`DamagedWeightsError` naming the first of ``router``'s weights with NaN or infinity in it: the
+    gates would be NaN, which is the checkpoint's fault, not a routing-math change to blame on transformers."""
+    for what, tensor in [*router.named_parameters(), *router.named_buffers()]:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise DamagedWeightsError(f"router {name}: {what} holds {bad:,} NaN or infinite values of "
+                                      f"{tensor.numel():,}; the model's weights are damaged")
+
+
 def verify_router(adapter: RouterAdapter, router: nn.Module, name: str, probes: Probes | None = None) -> None:
     """Raise ``AdapterMismatchError`` unless ``adapter`` reproduces ``router``'s own gates and choice.
 
     ``probes``: the synthetic inputs, shared by the routers of one model (default: drawn for this router alone).
     """
+    check_finite_router(router, name)
     num_experts, top_k = adapter.num_experts(router), adapter.top_k(router)
     inputs = _forward_inputs(adapter, router, num_experts, probes or Probes())
     modes = [(module, module.training) for module in router.modules()]  # restored one by one afterwards

@@ -8,6 +8,7 @@ training state.
 from __future__ import annotations
 
 import io
+import pickle
 from pathlib import Path
 
 import torch
@@ -15,6 +16,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.models import write_policy
 from moestab.records import RunFolder
+from moestab.records.errors import RunFileError
+from moestab.text import clip
+from moestab.train.distributed import load_optimizer
 
 
 def save_checkpoint(
@@ -36,5 +40,30 @@ def save_checkpoint(
 
 def read_training_state(folder: RunFolder, step: int) -> tuple[dict, dict]:
     """The optimizer state of step ``step`` and the loop state saved with it (``{}`` if none)."""
-    state = torch.load(folder.state_file(step), map_location="cpu", weights_only=True)
+    path = folder.state_file(step)
+    try:  # weights_only: tensors and plain containers only, so a planted pickle runs no code
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # torch's own advice (weights_only=False) would run the file's code
+        raise RunFileError(path, "holds Python objects other than tensors and plain containers, which a training "
+                           "state never does; it was not loaded, and is not the file moestab wrote") from exc
+    except (RuntimeError, ValueError, EOFError) as exc:
+        raise RunFileError(path, f"cannot be read as a training state ({clip(str(exc).splitlines()[0], 200)}); it "
+                           "is not the file moestab wrote") from exc
+    if not (isinstance(state, dict) and isinstance(state.get("optimizer"), dict)
+            and isinstance(state.get("loop", {}), dict)):
+        raise RunFileError(path, "is not a training state (a dict with an 'optimizer' dict); it is not the file "
+                           "moestab wrote")
     return state["optimizer"], state.get("loop", {})
+
+
+def restore_training_state(folder: RunFolder, step: int, model: torch.nn.Module,
+                           optimizer: torch.optim.Optimizer) -> dict:
+    """Load step ``step``'s optimizer state into ``optimizer`` and return its loop state; a state that does not fit
+    this model's optimizer is a :class:`RunFileError` naming the file."""
+    optimizer_saved, loop_state = read_training_state(folder, step)
+    try:
+        load_optimizer(model, optimizer, optimizer_saved)
+    except (KeyError, ValueError, RuntimeError, TypeError, IndexError) as exc:
+        raise RunFileError(folder.state_file(step), f"does not fit this run's optimizer ({type(exc).__name__}: "
+                           f"{clip(str(exc), 200)}); it is not the file moestab wrote") from exc
+    return loop_state

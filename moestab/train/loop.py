@@ -22,18 +22,18 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from moestab.configs import ConfigError, config_to_dict
 from moestab.metrics import keys
 from moestab.models import is_embedded
+from moestab.models.tokenizer import tokenizer_overflow
 from moestab.recording.recorder import write_step_metrics, write_step_tokens
 from moestab.recording.trackers import TrackedRun, open_trackers, run_id
 from moestab.records import RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.routing import freeze_routers
 from moestab.tasks import Task, task_from_spec
-from moestab.train.checkpoint import read_training_state, save_checkpoint
+from moestab.train.checkpoint import restore_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
 from moestab.train.distributed import (
     World,
     full_state_dict,
-    load_optimizer,
     optimizer_state,
     process_group,
     rank_seed,
@@ -203,6 +203,9 @@ def _set_up(
     base_path, warm = _on_main(world, lambda: base_policy_path(config, task, log))
     model = load_policy(str(folder.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
+    problem = tokenizer_overflow(model, tokenizer)
+    if problem:
+        raise TrainingError(f"model {config.model}: {problem}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
@@ -222,8 +225,7 @@ def _set_up(
     optimizer = build_optimizer(trained, lr=config.lr, weight_decay=config.weight_decay)
     loop_state: dict = {}
     if start_step:
-        optimizer_saved, loop_state = read_training_state(folder, start_step)
-        load_optimizer(model, optimizer, optimizer_saved)
+        loop_state = restore_training_state(folder, start_step, model, optimizer)
     history = SolvedPrompts.from_state(loop_state) if config.history_resampling else None
     return _Policy(model, tokenizer, ref_model, optimizer, history, base_path, warm, slots, info, checkpoint_bytes)
 

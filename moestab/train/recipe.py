@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from moestab.configs import ConfigError
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
 from moestab.records.run_info import ModelInfo
-from moestab.routing import IncompatibleTransformersError, find_routers
+from moestab.routing import IncompatibleTransformersError, RoutingError, find_routers
 from moestab.routing.compat import check_generate_recording
 from moestab.tasks import Task
 from moestab.train.config import TrainConfig
@@ -102,7 +102,10 @@ def load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrain
         weights = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
         files = f" (weights: {', '.join(weights)})" if weights else ""
         raise TrainingError(f"cannot load model {path!r}{files}: {type(exc).__name__}: {exc}") from exc
-    find_routers(model)  # a dense model fails here with the list of supported families
+    try:
+        find_routers(model)  # a dense model fails here with the list of supported families
+    except RoutingError as exc:
+        raise TrainingError(f"model {path}: {exc}") from exc
     return model.to(device)
 
 

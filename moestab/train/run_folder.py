@@ -36,6 +36,11 @@ class TrainingError(RuntimeError):
     """A run could not start or continue; the message says why and what to do."""
 
 
+class RunCrashedError(TrainingError):
+    """The steps raised what moestab did not foresee (a bug, the environment); the run is recorded ``failed`` and the
+    cause is chained, whose traceback the command prints. Every other TrainingError's message is the whole story."""
+
+
 class NothingToLearnError(RuntimeError):
     """Every advantage was 0 for several steps in a row: the rewards give RL nothing to learn from."""
 
@@ -71,7 +76,7 @@ def prepare_run_folder(config: TrainConfig, log: Callable[[str], None]) -> tuple
         if not config.resume:
             folder.check_writable(remedy=NEW_RUN_REMEDY)
             return 0, folder.check_new(overwrite=config.overwrite)
-        info, step = folder.resume_point()
+        info, step = folder.resume_point(note=lambda message: log(f"resume: {message}"))
         check_resumed_settings(folder.path, info, config_to_dict(config), defaults=config_defaults())
         if config.steps < step or (config.steps == step and info.status == schema.STATUS_FINISHED):
             raise TrainingError(f"--resume {folder.path} --steps {config.steps}: the run has finished step {step} "
@@ -154,6 +159,8 @@ class TrainRun:
         one) and returns its start eval accuracy; a new one deletes the old run first when ``delete_first``
         (--overwrite: only now that every setting has been checked) and writes run.json and config.yaml."""
         if self.config.resume:
+            for step in self.folder.drop_checkpoints_after(start_step):
+                self.log(f"resume: deleted the damaged checkpoint {step} (this run writes that step again)")
             torn = self.writer.truncate_metrics(start_step)
             if torn:
                 lines = ", ".join(map(str, torn))
@@ -226,7 +233,7 @@ class TrainRun:
             self.writer.update(status=schema.STATUS_INTERRUPTED if hard_stop else schema.STATUS_FAILED,
                                error=message, last_step=max(self.step - 1, 0))
         except OSError as write_exc:  # e.g. the disk is full even for run.json: say both
-            raise TrainingError(f"{message} (and run.json could not be updated: {write_exc})") from exc
+            raise RunCrashedError(f"{message} (and run.json could not be updated: {write_exc})") from exc
         if isinstance(exc, Exception):  # the message says what happened and what to do; the cause is chained
-            raise TrainingError(message) from exc
+            raise RunCrashedError(message) from exc
         raise exc  # a second Ctrl-C / SIGTERM, or the interpreter exiting

@@ -7,11 +7,14 @@ same rules through ``moestab train`` are tests/train/test_run_control.py and tes
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from moestab.records import Remedies, RunFolder, RunFolderError, schema
 from moestab.records.errors import NotARunError, RunFileError
@@ -32,9 +35,22 @@ def a_run(path, *, status: str = schema.STATUS_FINISHED, last_step: int = 1, che
     writer.update(status=status, last_step=last_step)
     folder = RunFolder(path)
     for step in checkpoints:
-        folder.save_checkpoint(step, b"state", lambda tmp: (tmp.mkdir(), (tmp / "config.json").write_text("{}")),
-                               weights_bytes=0)
+        folder.save_checkpoint(step, training_state(step), whole_model_folder, weights_bytes=0)
     return folder
+
+
+def training_state(step: int) -> bytes:
+    """What ``torch.save`` makes of a training state: a zip archive with its data.pkl."""
+    buffer = io.BytesIO()
+    torch.save({"step": step, "optimizer": {"state": {}, "param_groups": []}, "loop": {}}, buffer)
+    return buffer.getvalue()
+
+
+def whole_model_folder(tmp) -> None:
+    """A checkpoint's model folder as ``save_pretrained`` leaves it: config.json and a whole safetensors file."""
+    tmp.mkdir()
+    (tmp / "config.json").write_text("{}")
+    save_file({"w": torch.ones(2, 3)}, tmp / "model.safetensors")
 
 
 def test_the_layout_is_the_schemas(tmp_path):
@@ -118,7 +134,7 @@ def test_a_run_still_being_written_is_never_overwritten(tmp_path):
     with pytest.raises(RunFolderError, match=f"that is still being written by process {os.getpid()}"):
         running.check_new(overwrite=True)
     with pytest.raises(RunFolderError, match=re.escape(f"--resume {running.path}: the run is still being written")):
-        running.resume_point()
+        running.resume_point(note=print)
 
 
 def test_clear_keeps_the_folder_and_the_lock_and_deletes_only_a_run(tmp_path):
@@ -150,13 +166,53 @@ def test_resume_point_is_the_last_complete_checkpoint(tmp_path):
     folder = a_run(tmp_path / "run", checkpoints=(0, 1, 2))
     folder.state_file(2).unlink()  # a kill between the two halves of step 2's checkpoint
     assert folder.complete_checkpoints() == [0, 1]
-    info, step = folder.resume_point()
+    info, step = folder.resume_point(note=print)
     assert step == 1 and info.last_step == 1
     with pytest.raises(RunFolderError, match=r"it has no complete checkpoint \(it stopped before step 0 was saved\)"):
-        a_run(tmp_path / "early").resume_point()
+        a_run(tmp_path / "early").resume_point(note=print)
     with pytest.raises(RunFolderError, match=re.escape(f"--resume {tmp_path / 'none'}: {tmp_path / 'none'} is not a "
                                                        "moestab run folder")):
-        RunFolder(tmp_path / "none").resume_point()
+        RunFolder(tmp_path / "none").resume_point(note=print)
+
+
+def test_a_damaged_last_checkpoint_is_passed_over_saying_so(tmp_path):
+    folder = a_run(tmp_path / "run", checkpoints=(0, 1, 2), last_step=2)
+    weights = folder.checkpoint_dir(2) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:20])  # a copy cut short
+    state = folder.state_file(1)
+    state.write_bytes(state.read_bytes()[:-30])  # its zip directory gone
+    notes: list[str] = []
+    info, step = folder.resume_point(note=notes.append)
+    assert step == 0 and info.last_step == 2
+    header = int.from_bytes(weights.read_bytes()[:8], "little")
+    assert notes == [f"checkpoint 2 is damaged (model.safetensors declares a {header:,}-byte header in a 20-byte "
+                     "file (cut short?)); resuming from checkpoint 0",
+                     "checkpoint 1 is damaged (step_000001.pt is not a whole torch.save archive (File is not a zip "
+                     "file)); resuming from checkpoint 0"]
+    folder.state_file(0).write_bytes(b"\x80\x04K\x01.")  # a plain pickle, not torch.save's archive
+    with pytest.raises(RunFolderError, match=r"every checkpoint is damaged \(step 2: .*; step 1: .*; step 0: "
+                                             r"step_000000.pt is not a whole torch.save archive"):
+        folder.resume_point(note=pytest.fail)
+
+
+@pytest.mark.parametrize("step_value", ['"3"', "null", "2.0", "true"])
+def test_a_metrics_line_whose_step_is_not_an_integer_stops_a_resume_unchanged(tmp_path, step_value):
+    folder = a_run(tmp_path / "run", checkpoints=(0, 1), last_step=1)
+    text = f'{{"step": 0, "x": 1}}\n{{"step": {step_value}, "x": 2}}\n{{"step": 1, "x": 3}}\n'
+    folder.metrics_file.write_text(text)
+    with pytest.raises(RunFolderError, match=re.escape(f"metrics.jsonl: line 2: 'step' is {step_value}, not an "
+                                                       "integer; mend or delete that line")):
+        folder.resume_point(note=pytest.fail)
+    with pytest.raises(RunFileError, match="line 2"):
+        RunWriter(folder.path).truncate_metrics(0)
+    assert folder.metrics_file.read_text() == text
+
+
+def test_a_torn_metrics_line_is_dropped_on_truncation(tmp_path):
+    folder = a_run(tmp_path / "run", checkpoints=(0, 1), last_step=1)
+    folder.metrics_file.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"ste')
+    assert RunWriter(folder.path).truncate_metrics(1) == [4]
+    assert folder.metrics_file.read_text() == '{"step": 0}\n{"step": 1}\n'
 
 
 def test_a_checkpoint_is_whole_or_absent_and_a_failed_one_leaves_only_temporaries(tmp_path):

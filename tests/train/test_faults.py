@@ -356,6 +356,15 @@ def test_truncated_weights_name_the_file(tmp_path, cache):
     assert not (tmp_path / "run" / schema.RUN_JSON).exists()
 
 
+def test_a_wrongly_shaped_weight_is_named_without_a_traceback(tmp_path, cache):
+    from tests.test_bad_input import _damaged_model
+
+    done = cli("--model", _damaged_model(tmp_path, "shape"), "--out", "run", cwd=tmp_path, cache=cache)
+    assert done.returncode == 2 and "cannot load model" in done.stderr and "Traceback" not in done.stderr
+    assert "model.layers.0.mlp.gate.weight | MISMATCH" in done.stderr  # transformers' report names the weight
+    assert not (tmp_path / "run").exists()
+
+
 # ---- 7. two writers of one folder --------------------------------------------------------------
 
 

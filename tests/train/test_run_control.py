@@ -47,6 +47,25 @@ def test_resume_after_a_kill_reproduces_an_uninterrupted_run(tmp_path, cache_dir
     assert info["status"] == "finished" and info["last_step"] == 4
 
 
+def test_a_damaged_last_checkpoint_is_passed_over_and_the_resumed_run_reproduces_an_uninterrupted_one(
+        tmp_path, cache_dir):
+    straight = tmp_path / "straight"
+    train(tiny_config(straight, cache_dir, steps=4, save_every=2), **QUIET)
+
+    copied = tmp_path / "copied"
+    train(tiny_config(copied, cache_dir, steps=3, save_every=1), **QUIET)
+    weights = copied / schema.checkpoint_dir(3) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a sync cut short
+    notes: list[str] = []
+    train(tiny_config(copied, cache_dir, steps=4, save_every=2, resume=str(copied)), log=notes.append)
+
+    assert any(n.startswith("resume: checkpoint 3 is damaged (model.safetensors holds ") and
+               n.endswith("; resuming from checkpoint 2") for n in notes), notes
+    assert "resume: deleted the damaged checkpoint 3 (this run writes that step again)" in notes
+    assert metric_lines(copied) == metric_lines(straight)
+    assert RunFolder(copied).complete_checkpoints() == [0, 1, 2, 4]  # save_every 2 from step 2: 3 not saved again
+
+
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, monkeypatch):
     import moestab.train.step as step_module
 
