@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from moestab.models.precision import float64_norms
+
 TIMEOUT = timedelta(minutes=30)
 """How long a collective waits for a silent rank (a rank that dies outright is noticed at once)."""
 
@@ -179,6 +181,8 @@ def unsharded_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedMode
     weights = full_state_dict(model)
     device = next(iter(weights.values())).device
     replica = AutoModelForCausalLM.from_config(model.config, dtype=dtype).to(device)
+    if dtype == torch.float64:
+        float64_norms(replica)  # as load_policy does (a deep copy keeps the policy's hooks)
     replica.load_state_dict(weights)
     replica.generation_config = model.generation_config
     return replica.eval()

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from moestab.configs import ConfigError
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
+from moestab.models.precision import float64_norms
 from moestab.records.run_info import ModelInfo
 from moestab.routing import IncompatibleTransformersError, RoutingError, find_routers
 from moestab.routing.compat import check_generate_recording
@@ -102,6 +103,8 @@ def load_policy(path: str, dtype: torch.dtype, device: torch.device) -> PreTrain
         weights = sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
         files = f" (weights: {', '.join(weights)})" if weights else ""
         raise TrainingError(f"cannot load model {path!r}{files}: {type(exc).__name__}: {exc}") from exc
+    if dtype == torch.float64:
+        float64_norms(model)  # the family's norms compute in float32: a float64 run is float64 there too
     try:
         find_routers(model)  # a dense model fails here with the list of supported families
     except RoutingError as exc:
