@@ -144,10 +144,18 @@ class _Updates:
     clipped_counterfactual: torch.Tensor | None  # [B, T] bool: the loss's clip rule on those, when on
 
 
-def _rewards(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings):
+def reward_dtype(policy_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of rewards and advantages: float64 in a float64 run, else float32 (never a 16-bit type, and float32
+    runs unchanged bit for bit). In float32, a reward like 0.1 and its group statistics would round by ~6e-8
+    relative inside a run meant to be float64 throughout (issue 40.7)."""
+    return torch.float64 if policy_dtype == torch.float64 else torch.float32
+
+
+def _rewards(task: Task, examples: list[Example], batch: RolloutBatch, s: StepSettings, dtype: torch.dtype):
     """Per sequence ``[B]``: task reward, overlong penalty (zeros when shaping is off) and correctness."""
     per_seq = [ex for ex in examples for _ in range(s.group_size)]
-    rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])  # [B]
+    rewards = torch.tensor([task.reward(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)],
+                           dtype=dtype)  # [B]
     correct = torch.tensor([task.is_correct(ex, c) for ex, c in zip(per_seq, batch.completions, strict=True)])
     penalty = torch.zeros_like(rewards)  # [B]
     if s.overlong_cache:
@@ -171,7 +179,7 @@ _Part = tuple[RolloutBatch, list[Example], torch.Tensor, torch.Tensor, torch.Ten
 
 def _sample(
     engine: RolloutEngine, task: Task, examples: list[Example], s: StepSettings,
-    draw_more: Callable[[int], list[Example]] | None, world: World = SINGLE,
+    draw_more: Callable[[int], list[Example]] | None, world: World = SINGLE, dtype: torch.dtype = torch.float32,
 ) -> _Sampled:
     """The rollout and its rewards; with dynamic sampling (DAPO), groups whose rewards are all equal (no
     signal: every advantage 0) are dropped and more prompts are drawn, up to ``s.dynamic_sampling_rounds``
@@ -188,7 +196,7 @@ def _sample(
     while True:
         prompts = [ex.prompt for ex in round_examples for _ in range(G)]
         batch = engine.generate(prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature)
-        task_rewards, penalty, correct = _rewards(task, round_examples, batch, s)
+        task_rewards, penalty, correct = _rewards(task, round_examples, batch, s, dtype)
         drawn += len(round_examples)
         if not s.dynamic_sampling:
             kept.append((rounds, (batch, round_examples, task_rewards, penalty, correct)))
@@ -468,7 +476,7 @@ def run_step(
     chunks = minibatch_rows(global_size, s.minibatches, generator)  # checked before the rollout
     chunks = local_chunks(chunks, world, global_size)
     engine.sync_weights()  # once per step on every rank (a collective when the policy is sharded)
-    sampled = _sample(engine, task, examples, s, draw_more, world)
+    sampled = _sample(engine, task, examples, s, draw_more, world, reward_dtype(next(model.parameters()).dtype))
     batch, examples, rewards, correct = sampled.batch, sampled.examples, sampled.rewards, sampled.correct
     advantages = rl.compute_advantages(s.preset.advantage, rewards, s.group_size)  # [B]
     t_rollout = time.perf_counter() - t0
