@@ -272,6 +272,8 @@ RATE_BOUNDS: dict[str, tuple[float, float, str]] = {
     "kl_coef": (0.0, 100.0, "a KL term 100x the policy loss leaves nothing to learn"),
     "router_aux_loss_coef": (0.0, 100.0, "Qwen3-MoE trains with 0.001; 100x the policy loss is a typo"),
     "clip_high": (0.0, 100.0, "a ratio bound of 1 + 100 clips nothing"),
+    "warm_start_aux_loss_coef": (0.0, 100.0, "Switch and OLMoE pre-train with 0.01; 100x the language loss is a typo"),
+    "warm_start_z_loss_coef": (0.0, 100.0, "ST-MoE and OLMoE pre-train with 0.001; 100x the language loss is a typo"),
 }
 """Settings that are rates or coefficients -> (lowest, highest, why): values outside pass the type check but end a
 run at step 1 (1e300) or finish it with unchanged weights (lr 1e-320, temperature 1e-30), so they are refused up

@@ -108,6 +108,9 @@ class Plan:
     """Torch threads of every run (registered: float results depend on it). One, so that the experiment holds one core
     of a 2-core machine and other work the other: two threads slowed 4-5x whenever anything else ran (measured on the
     scan: 1.0 s per step alone, 3.5-5 s beside a test run)."""
+    warm_start_aux_loss_coef: float = 0.0
+    """The warm start's load-balancing coefficient. The registered experiment ran before the warm start had one (0);
+    a registration leaves it out when 0, as registrations made before the setting do."""
     cache_dir: str | None = field(default=None, compare=False)
     """Where warm-started bases are cached (not part of the registered setting)."""
 
@@ -125,7 +128,8 @@ class Plan:
     def base(self) -> dict[str, Any]:
         """TrainConfig fields every run shares."""
         return {"task": self.task, "rollout_dtype": "bfloat16", "routing_share": True, "max_zero_advantage_steps": 0,
-                "threads": self.threads, "cache_dir": self.cache_dir, **dict(self.extra)}
+                "threads": self.threads, "warm_start_aux_loss_coef": self.warm_start_aux_loss_coef,
+                "cache_dir": self.cache_dir, **dict(self.extra)}
 
 
 def _arm_runs(plan: Plan, arm: str, lrs: Sequence[float], seeds: Sequence[int], steps: int, eval_every: int,
@@ -185,7 +189,8 @@ def choose_lr(table: pd.DataFrame) -> float:
 
 def registration(plan: Plan, lr: float) -> dict[str, Any]:
     """What the evaluation runs, as JSON values: the registered setting that `evaluate` checks."""
-    base = {k: v for k, v in plan.base().items() if k != "cache_dir"}
+    base = {k: v for k, v in plan.base().items()
+            if k != "cache_dir" and not (k == "warm_start_aux_loss_coef" and v == 0.0)}
     registered = {
         "lr": lr, "base": base, "seeds": list(plan.eval_seeds), "steps": plan.eval_steps,
         "eval_every": plan.eval_every,

@@ -1,4 +1,5 @@
-"""Run a model over a probe suite and keep, for every real token, its routes, router margin and next-token log-prob.
+"""Run a model over a probe suite and keep, for every real token, its routes, router margin and entropy, and its
+next-token log-prob.
 
 Texts are tokenized without special tokens, cut to ``max_tokens``, and run in right-padded batches of
 ``batch_size`` under :class:`moestab.routing.RoutingRecorder` without grad. Only the per-token record is kept
@@ -25,6 +26,8 @@ class ProbeRecord:
     """``[tokens, layers, top_k]`` int16 experts, best first (slot 0 = the router's top-1)."""
     margin: np.ndarray
     """``[tokens, layers]`` float32 gap between the k-th and (k+1)-th selection score."""
+    entropy: np.ndarray
+    """``[tokens, layers]`` float32 entropy (nats) of softmax(router logits)."""
     logp: np.ndarray
     """``[tokens]`` float32 log-prob of the text's next token; NaN at each text's last token."""
     text: np.ndarray
@@ -55,7 +58,7 @@ def tokenize_suite(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max
     return ids
 
 
-_FIELDS = ("routes", "margin", "logp", "text", "position")
+_FIELDS = ("routes", "margin", "entropy", "logp", "text", "position")
 
 
 def right_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +77,7 @@ def _record_batch(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor,
     """One batch's part of a :class:`ProbeRecord` (any padding side), plus its layers and expert count."""
     from moestab.routing import RoutingRecorder
 
-    with RoutingRecorder(model, margin=True, entropy=False, slot_scores=True) as recorder:
+    with RoutingRecorder(model, margin=True, entropy=True, slot_scores=True) as recorder:
         logits = model(input_ids=ids, attention_mask=mask).logits  # [b, seq, vocab]
     routes = recorder.routes.ranked()
     real = mask.bool()  # [b, seq]
@@ -87,6 +90,7 @@ def _record_batch(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor,
     return {
         "routes": routes.indices[real].cpu().numpy().astype(np.int16),  # [t, layers, k]
         "margin": routes.margin[real].cpu().numpy().astype(np.float32),  # [t, layers]
+        "entropy": routes.entropy[real].cpu().numpy().astype(np.float32),  # [t, layers]
         "logp": nxt[real].cpu().numpy().astype(np.float32),  # [t]
         "text": text[real].cpu().numpy().astype(np.int32),
         "position": position[real].cpu().numpy().astype(np.int32),

@@ -202,6 +202,13 @@ def _saturation(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettin
                                      progress=s.progress)}
 
 
+def _routers(checkpoints: list[Checkpoint], suite: ProbeSuite, s: ProbeSettings) -> dict[str, pd.DataFrame]:
+    from moestab.probes.routers import routers
+
+    return {"routers": routers(checkpoints, suite.texts, dtype=s.dtype, batch_size=s.batch_size,
+                               max_tokens=s.max_tokens, device=s.device, progress=s.progress)}
+
+
 def _recipe(checkpoints: list[Checkpoint], s: ProbeSettings) -> StepRecipe:
     from moestab.probes.one_step import StepRecipe, probe_task
 
@@ -243,8 +250,8 @@ _STEP = ("dtype", "device", "task", "algo", "prompts", "group_size", "seed", "ma
 class Probe:
     run: Callable[[list[Checkpoint], ProbeSuite, ProbeSettings], dict[str, pd.DataFrame]]
     checkpoints: str
-    """How many checkpoints it takes: 'none', 'one', 'two' or 'many' (a run folder gives its last / all
-    checkpoints)."""
+    """How many checkpoints it takes: 'none', 'one', 'two', 'many' (two or more) or 'any' (one or more); a run
+    folder gives its last checkpoint ('one', 'two') or all of them ('many', 'any')."""
     help: str
     settings: tuple[str, ...]
     """The :class:`ProbeSettings` fields it reads: what its result records."""
@@ -259,6 +266,8 @@ PROBES: dict[str, Probe] = {
                       (*_COLLECT, "other_dtype")),
     "saturation": Probe(_saturation, "many", "OLMoE router saturation of each checkpoint against a reference",
                         (*_COLLECT, "reference")),
+    "routers": Probe(_routers, "any", "how peaked and balanced each checkpoint's routers are, per layer: top-k "
+                     "margin quantiles, normalised entropy, load max_vio, idle experts", _COLLECT),
     "step-volatility": Probe(_step_volatility, "one", "one RL step from one checkpoint at each --lrs and "
                              "--minibatch-counts: routing change, log-ratio variance, clipping",
                              (*_STEP, "lrs", "minibatch_counts"), _step_suite),
@@ -281,9 +290,11 @@ def select_checkpoints(probe: str, given: list[list[Checkpoint]]) -> list[Checkp
         if given:
             raise ProbeError(f"{probe} takes no checkpoint (it builds its own policies), got {len(given)}")
         return []
-    if want == "many":
+    if want in ("many", "any"):
         chosen = [c for group in given for c in group]
-        if len(chosen) < 2:
+        if want == "any" and not chosen:
+            raise ProbeError(f"{probe} needs a checkpoint or a run folder, got none")
+        if want == "many" and len(chosen) < 2:
             raise ProbeError(f"{probe} needs at least 2 checkpoints (or a run folder with several), got {len(chosen)}")
         return chosen
     count = {"one": 1, "two": 2}[want]

@@ -181,6 +181,13 @@ class TrainConfig:
     rewards equal: nothing can be learned), saying what to change; 0 never stops."""
     warm_start_max_steps: int = 1500
     """Embedded model only: cap on supervised warm-start steps."""
+    warm_start_aux_loss_coef: float = 0.01
+    """Embedded model only: weight of the load-balancing loss in the warm start, 0 to 100 (Switch-style, per layer:
+    moestab.train.router_losses), as real MoEs are pre-trained (Switch and OLMoE use 0.01); 0: none, the routers of
+    runs before this setting (peaked, unbalanced)."""
+    warm_start_z_loss_coef: float = 0.0
+    """Embedded model only: weight of the router z-loss in the warm start, 0 to 100 (ST-MoE and OLMoE use 0.001);
+    default 0: none."""
     cache_dir: str | None = None
     """Folder where warm-started base models are cached (created if missing; a file there is refused); default
     $MOESTAB_CACHE or ~/.cache/moestab."""
@@ -264,7 +271,8 @@ class TrainConfig:
     def _check_optimisation(self) -> None:
         """Rates and coefficients are finite (the rates > 0), and no load-balancing loss on a frozen router."""
         check_finite("max_grad_norm", self.max_grad_norm, "> 0", lambda v: v > 0)
-        for name in ("lr", "temperature", "weight_decay", "kl_coef", "router_aux_loss_coef"):
+        for name in ("lr", "temperature", "weight_decay", "kl_coef", "router_aux_loss_coef", "warm_start_aux_loss_coef",
+                     "warm_start_z_loss_coef"):
             check_rate(name, getattr(self, name))
         if self.routing_replay in GATE_REPLAY_MODES and self.router_aux_loss_coef > 0:
             raise ConfigError(f"router_aux_loss_coef: routing_replay {self.routing_replay} freezes the router in the "
@@ -359,6 +367,11 @@ class TrainConfig:
         return self.resume or self.out or f"runs/{self.algo}-{self.routing_replay}-seed{self.seed}"
 
 
+BEFORE_THE_SETTING: dict[str, Any] = {"warm_start_aux_loss_coef": 0.0}
+"""What a run recorded before a setting existed ran with, where that is not the setting's default (the warm start
+had no load-balancing loss): a resumed run goes on with it, and it is what its settings are checked against."""
+
+
 def load_train_config(config_file: str | None = None, flags: Mapping[str, Any] | None = None) -> TrainConfig:
     """The config ``moestab train`` runs: the YAML file's fields, then ``flags`` (later wins; a flag set to None is
     unset). With ``resume``, these apply on top of the resumed run's own settings from its run.json, so a run
@@ -372,7 +385,8 @@ def load_train_config(config_file: str | None = None, flags: Mapping[str, Any] |
     if not config.resume:
         return config
     try:
-        saved = {k: v for k, v in read_run_info(config.resume).config.items() if k not in ("out", "resume")}
+        recorded = read_run_info(config.resume).config
+        saved = {k: v for k, v in {**BEFORE_THE_SETTING, **recorded}.items() if k not in ("out", "resume")}
     except RunError as exc:
         raise TrainingError(f"--resume {config.resume}: {exc}") from exc
     if isinstance(saved.get("task"), str) and not any(layer.get("task") is not None for layer in layers):

@@ -61,6 +61,8 @@ def base_policy_path(config: TrainConfig, task: Task, log: Callable[[str], None]
         max_steps=config.warm_start_max_steps,
         seed=config.seed,
         eval_size=config.eval_size,
+        aux_loss_coef=config.warm_start_aux_loss_coef,
+        z_loss_coef=config.warm_start_z_loss_coef,
     )
     path, record = warm_start(spec, task, cache_dir(config), log=log)
     return str(path), record

@@ -26,7 +26,7 @@ from moestab.records.folder import kept_note
 from moestab.records.lock import RunLockedError
 from moestab.records.run_info import ModelInfo, RunInfo
 from moestab.records.writer import RunWriter
-from moestab.train.config import TrainConfig
+from moestab.train.config import BEFORE_THE_SETTING, TrainConfig
 from moestab.train.distributed import World
 from moestab.train.interrupt import GracefulInterrupt
 from moestab.train.step import NonFiniteLossError
@@ -54,8 +54,9 @@ RESUME_REMEDY = "copy the run to a writable folder and resume the copy"
 
 
 def config_defaults() -> dict:
-    """Every TrainConfig field's default (a run recorded before a field existed had it at its default)."""
-    return {f.name: f.default for f in fields(TrainConfig)}
+    """What a run that did not record a TrainConfig field ran with: its default, or the value it had before the field
+    existed (:data:`~moestab.train.config.BEFORE_THE_SETTING`)."""
+    return {**{f.name: f.default for f in fields(TrainConfig)}, **BEFORE_THE_SETTING}
 
 
 @contextmanager

@@ -30,6 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.tasks import Task
 from moestab.train.evaluate import greedy_accuracy
+from moestab.train.router_losses import load_balancing_loss, router_z_loss
 from moestab.train.threads import torch_threads
 
 logger = logging.getLogger(__name__)
@@ -54,11 +55,18 @@ class WarmStartSpec:
     batch_size: int = 64
     lr: float = 2e-3
     eval_every: int = 50
+    aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss (:func:`moestab.train.router_losses.load_balancing_loss`); 0: none."""
+    z_loss_coef: float = 0.0
+    """Weight of the router z-loss (:func:`moestab.train.router_losses.router_z_loss`); 0: none."""
 
     def key(self) -> str:
         fields = asdict(self)
         if fields["model"]["expert_width"] is None:  # the family's default width: keys made before the field, unchanged
             del fields["model"]["expert_width"]
+        for name in ("aux_loss_coef", "z_loss_coef"):  # off: the keys of bases built before the router losses
+            if not fields[name]:
+                del fields[name]
         blob = json.dumps({"v": WARM_START_VERSION, "threads": WARM_START_THREADS, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -175,9 +183,7 @@ def _train_base(
         model.train()
         while accuracy < spec.target and step < spec.max_steps:
             ids, mask, loss_mask = sft_batch(tokenizer, task.sample(spec.batch_size, rng), "cpu")
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # [B, L-1, V]
-            target_mask = loss_mask[:, 1:]  # [B, L-1]
-            loss = torch.nn.functional.cross_entropy(logits[target_mask], ids[:, 1:][target_mask])
+            loss, parts = _sft_loss(model, spec, ids, mask, loss_mask)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -185,5 +191,27 @@ def _train_base(
             step += 1
             if step % spec.eval_every == 0:
                 accuracy = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
-                log(f"warm start: step {step}, loss {loss.item():.3f}, eval accuracy {accuracy:.1%}")
+                shown = "".join(f", {name} {value:.3f}" for name, value in parts.items())
+                log(f"warm start: step {step}, loss {loss.item():.3f}{shown}, eval accuracy {accuracy:.1%}")
     return model, tokenizer, step, accuracy
+
+
+def _sft_loss(model: PreTrainedModel, spec: WarmStartSpec, ids: torch.Tensor, mask: torch.Tensor,
+              loss_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy on the answer tokens, plus the router losses ``spec`` weighs in (over every real token, prompt
+    included, as pre-training balances every token); the router losses' values for the log."""
+    balance = spec.aux_loss_coef > 0 or spec.z_loss_coef > 0
+    out = model(input_ids=ids, attention_mask=mask, **({"output_router_logits": True} if balance else {}))
+    logits = out.logits[:, :-1]  # [B, L-1, V]
+    target_mask = loss_mask[:, 1:]  # [B, L-1]
+    loss = torch.nn.functional.cross_entropy(logits[target_mask], ids[:, 1:][target_mask])
+    if not balance:
+        return loss, {}
+    if not getattr(out, "router_logits", None):
+        raise ValueError(f"{model.config.model_type} returns no router logits (output_router_logits), so its warm "
+                         "start cannot balance its routers; set warm_start_aux_loss_coef and warm_start_z_loss_coef 0")
+    router_logits = torch.stack([r.reshape(-1, r.shape[-1]) for r in out.router_logits])  # [layers, B*L, E]
+    real = mask.reshape(-1).bool()  # [B*L]
+    aux = load_balancing_loss(router_logits, spec.model.top_k, real)
+    z = router_z_loss(router_logits, real)
+    return loss + spec.aux_loss_coef * aux + spec.z_loss_coef * z, {"balance": aux.item(), "z": z.item()}
