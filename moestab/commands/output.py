@@ -11,10 +11,10 @@ read RUN as the FILE, which is why a FILE that is a folder is refused, saying so
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from moestab.records.files import read_only_above
 from moestab.records.owned import owner
 
 STDOUT = "-"
@@ -56,9 +56,9 @@ def output_problem(json_target: str | None, csv_target: str | None) -> str | Non
         taken = owner(path)
         if taken is not None:
             return f"{option} {target} would replace {taken}; give another FILE"
-        here = path if path.exists() else above
-        if here is not None and not os.access(here, os.W_OK):  # a read-only mount says so for root too
-            return f"{option} {target}: {here} is not writable (read-only or not yours); give another FILE"
+        stuck = read_only_above(path)
+        if stuck is not None:
+            return f"{option} {target}: {stuck} is not writable (read-only or not yours); give another FILE"
     return None
 
 

@@ -9,7 +9,6 @@ The one reader and writer of the format; the CLI and the dashboard's Probes page
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from moestab.probes.errors import ProbeError
-from moestab.records.files import atomic_write_text
+from moestab.records.files import atomic_write_text, read_only_above
 
 PROBE_JSON = "probe.json"
 TABLE_COLUMN = "table"
@@ -74,9 +73,9 @@ def _out_problem(out: Path) -> str | None:
         return f"--out {out} exists and is not a folder"
     if out.is_dir() and any(out.iterdir()) and not (out / PROBE_JSON).is_file():
         return f"--out {out} exists and is not a probe folder; choose an empty or new folder"
-    here = next((p for p in (out, *out.parents) if p.exists()), None)
-    if here is not None and not os.access(here, os.W_OK):  # a read-only mount says so for root too
-        return f"--out {out}: {here} is not writable (read-only or not yours); choose another folder"
+    stuck = read_only_above(out)
+    if stuck is not None:
+        return f"--out {out}: {stuck} is not writable (read-only or not yours); choose another folder"
     return None
 
 

@@ -43,6 +43,14 @@ def refuse_link(path: Path) -> None:
         raise PlantedLinkError(path)
 
 
+def read_only_above(path: Path) -> Path | None:
+    """The nearest existing path at or above ``path`` when this process may not write there (a read-only mount, or
+    another user's folder), so that creating ``path`` would fail; None when it may. ``os.access`` reports a read-only
+    mount for root too, which permissions alone do not stop."""
+    here = next((p for p in (path, *path.parents) if p.exists()), None)
+    return here if here is not None and not os.access(here, os.W_OK) else None
+
+
 def remove(path: Path) -> None:
     """Delete ``path``: a link or file is unlinked (a link's target is untouched), a real folder removed whole."""
     path = Path(path)

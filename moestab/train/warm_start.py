@@ -191,15 +191,16 @@ def _train_base(
             step += 1
             if step % spec.eval_every == 0:
                 accuracy = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
-                shown = "".join(f", {name} {value:.3f}" for name, value in parts.items())
+                shown = "".join(f", {name} {value.item():.3f}" for name, value in parts.items())
                 log(f"warm start: step {step}, loss {loss.item():.3f}{shown}, eval accuracy {accuracy:.1%}")
     return model, tokenizer, step, accuracy
 
 
 def _sft_loss(model: PreTrainedModel, spec: WarmStartSpec, ids: torch.Tensor, mask: torch.Tensor,
-              loss_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+              loss_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy on the answer tokens, plus the router losses ``spec`` weighs in (over every real token, prompt
-    included, as pre-training balances every token); the router losses' values for the log."""
+    included, as pre-training balances every token); the router losses, detached, for the log (read only when it
+    is written: no device sync a step)."""
     balance = spec.aux_loss_coef > 0 or spec.z_loss_coef > 0
     out = model(input_ids=ids, attention_mask=mask, **({"output_router_logits": True} if balance else {}))
     logits = out.logits[:, :-1]  # [B, L-1, V]
@@ -214,4 +215,4 @@ def _sft_loss(model: PreTrainedModel, spec: WarmStartSpec, ids: torch.Tensor, ma
     real = mask.reshape(-1).bool()  # [B*L]
     aux = load_balancing_loss(router_logits, spec.model.top_k, real)
     z = router_z_loss(router_logits, real)
-    return loss + spec.aux_loss_coef * aux + spec.z_loss_coef * z, {"balance": aux.item(), "z": z.item()}
+    return loss + spec.aux_loss_coef * aux + spec.z_loss_coef * z, {"balance": aux.detach(), "z": z.detach()}
