@@ -102,6 +102,15 @@ def test_the_install_check_fails_when_moestab_moves_a_framework_pin():
         "does not resolve beside moestab: ResolutionImpossible"]
     assert check.outside({"torch": "2.11.0", "transformers": "5.6.2"}, {"torch": ">=2.13", "transformers": "<5"}) == [
         "torch 2.11.0 not in >=2.13", "transformers 5.6.2 not in <5"]
+    # A download that failed says nothing about moestab: the row reads "not checked", with pip's words (CI, stop 46).
+    for stderr in ("error: incomplete-download / Download failed after 6 attempts because not enough bytes were "
+                   "received (43.0 MB/423.1 MB)",
+                   "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device"):
+        assert check.blames_the_machine(stderr)
+        lost = check.Resolution(False, {}, stderr, unreachable=True)
+        assert check.moved(alone, lost) == [f"not checked: {stderr}"]
+        assert check.moved(lost, alone) == [f"not checked: {stderr}"]
+    assert not check.blames_the_machine("ERROR: ResolutionImpossible: moestab 0.1 depends on torch<2.9")
     # Frameworks the registry does not serve: their pins lie inside the declared ranges today.
     for framework in check.NOT_ON_PYPI:
         assert check.outside(framework.pins, check.declared_ranges()) == [], framework.name
