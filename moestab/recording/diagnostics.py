@@ -274,7 +274,7 @@ class DiagnosticsRun:
     ) -> None:
         if replay not in schema.REPLAY_MODES:
             raise ValueError(f"replay must be one of {list(schema.REPLAY_MODES)} (the trainer's routing replay: off, "
-                             f"R2 = old, R3 = rollout, TRR = rollout-gates), got {replay!r}")
+                             f"R2 = old, R3 = rollout, TRR = rollout-gates, routing-constant = base), got {replay!r}")
         layers = tuple(int(x) for x in layers)
         if not layers or num_experts < 1 or not 1 <= top_k <= num_experts:
             raise ValueError(f"need MoE layers, num_experts >= 1 and 1 <= top_k <= num_experts; got {len(layers)} "

@@ -115,12 +115,12 @@ class RunInfo:
 
     @property
     def replay(self) -> str:
-        """Routing Replay mode as configured: ``off``, ``old``, ``rollout`` or ``rollout-gates``."""
+        """Routing Replay mode as configured: ``off``, ``old``, ``rollout``, ``rollout-gates`` or ``base``."""
         return str(self.config["routing_replay"])
 
     @property
     def replay_label(self) -> str:
-        """The papers' name of the replay mode: ``off``, ``R2``, ``R3`` or ``TRR``."""
+        """The papers' name of the replay mode: ``off``, ``R2``, ``R3`` or ``TRR`` (``constant``: the base's routes)."""
         return schema.REPLAY_LABELS[self.replay]
 
     @property

@@ -47,14 +47,21 @@ STATUS_STOPPED = "stopped"
 STATUS_DAMAGED = "damaged"
 
 # Routing Replay modes (config ``routing_replay``) and the papers' names for them.
-REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
-REPLAY_LABELS = {"off": "off", "old": "R2", "rollout": "R3", "rollout-gates": "TRR"}
+REPLAY_MODES = ("off", "old", "rollout", "rollout-gates", "base")
+REPLAY_LABELS = {"off": "off", "old": "R2", "rollout": "R3", "rollout-gates": "TRR", "base": "constant"}
 """off: free routing everywhere; old = R2: the updates replay pi_old's trainer routes; rollout = R3:
 pi_old and the updates replay the rollout engine's routes; rollout-gates = TRR (prime-rl's "Total Router
-Recall"): as R3, with the rollout engine's gate weights as given too, the router frozen in those forwards."""
-REPLAY_ROUTES: dict[str, str | None] = {"off": None, "old": "old", "rollout": "rollout", "rollout-gates": "rollout"}
+Recall"): as R3, with the rollout engine's gate weights as given too, the router frozen in those forwards;
+base = routing-constant (the control of issue 41): every forward of the policy, generation and evaluation included,
+uses the experts the frozen warm-started base chooses for the same tokens (``moestab.routing.base_routing``), so
+routing never changes; the rollout engine's routes are then the base's, replayed by pi_old and the updates as R3."""
+REPLAY_ROUTES: dict[str, str | None] = {"off": None, "old": "old", "rollout": "rollout", "rollout-gates": "rollout",
+                                        "base": "rollout"}
 """Per mode, whose routes the ratio's pi_old and the updates use: the trainer's under pi_old (``old``), the rollout
-engine's (``rollout``) or none (free routing). Anything about routes treats TRR as R3."""
+engine's (``rollout``) or none (free routing). Anything about routes treats TRR, and the routing-constant arm (whose
+rollout routes are the base's), as R3."""
+BASE_ROUTED_MODES = ("base",)
+"""Modes whose policy routes as the frozen base in every forward: generation and evaluation too."""
 GATE_REPLAY_MODES = ("rollout-gates",)
 """Modes that replay recorded gate weights too (their rollout engine records them)."""
 

@@ -16,7 +16,96 @@ from moestab.routing.routes import Routes
 from moestab.routing.threshold import router_scores, threshold_routes
 
 
-class RoutingReplay:
+class ForcedRouting:
+    """The router half of replay: while attached, every router of ``model`` routes the tokens of the current forward
+    to ``_forced`` (``[batch*seq, layers, top_k]``, -1 = keep the router's own choice), set by the subclass's
+    pre-hook on the model (``_begin``) from whatever it replays. Gates come from the current router's scores at the
+    forced experts (or, with ``force_gates``, from ``_forced_gates``); see :class:`RoutingReplay`."""
+
+    def __init__(self, model: nn.Module, sites: list[RouterSite], *, force_gates: bool = False,
+                 score_ratio: float = 0.0) -> None:
+        if model.training:
+            for site in sites:
+                if site.adapter.training_replay is not None:
+                    raise RoutesMismatchError(f"cannot replay {site.adapter.family} in training mode: "
+                                              f"{site.adapter.training_replay}")
+        self.model = model
+        self.sites = sites
+        self.force_gates = force_gates
+        self.score_ratio = float(score_ratio)
+        self._replayed = self._replaced = 0  # slots, summed over the forwards (tensors while inside)
+        self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
+        self._forced_gates: torch.Tensor | None = None  # [batch*seq, layers, top_k] float32, with force_gates
+        self._handles: list[RemovableHandle] = []
+
+    def _attach(self) -> None:
+        """The model's pre-hook (``_begin``) and every router's forcing hook."""
+        if self._handles:
+            raise RuntimeError(f"{type(self).__name__} is already active")
+        device = next(self.model.parameters()).device
+        self._replayed = self._replaced = torch.zeros((), dtype=torch.long, device=device)
+        self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
+        for ordinal, site in enumerate(self.sites):
+            # prepend: a RoutingRecorder active at the same time sees the replayed routes.
+            self._handles.append(site.module.register_forward_hook(self._router_hook(ordinal, site), prepend=True))
+
+    def _detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._forced = self._forced_gates = None
+
+    def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    @property
+    def replayed_slots(self) -> int:
+        """Replayed (token, layer, slot)s at real positions so far, with ``score_ratio`` > 0 (0 otherwise)."""
+        return int(self._replayed)
+
+    @property
+    def replaced_slots(self) -> int:
+        """Of :attr:`replayed_slots`, those the score threshold replaced."""
+        return int(self._replaced)
+
+    @property
+    def replace_rate(self) -> float:
+        """``replaced_slots / replayed_slots`` (prime-rl's ``router_replay_replace_rate``); NaN before any."""
+        return self.replaced_slots / self.replayed_slots if self.replayed_slots else float("nan")
+
+    def _router_hook(self, ordinal: int, site: RouterSite):
+        adapter = site.adapter
+
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any):
+            forced = self._forced
+            if forced is None:
+                raise RoutesMismatchError(f"router {site.name} ran outside a forward of the replayed model")
+            logits, own_gates, own = adapter.read(output, site.top_k)  # [N, experts], [N, top_k], [N, top_k]
+            if own.shape[0] != forced.shape[0]:
+                raise RoutesMismatchError(
+                    f"router {site.name} saw {own.shape[0]} tokens, routes cover {forced.shape[0]}"
+                )
+            keep_own = forced[:, ordinal] < 0  # [N, top_k] padding: the router's own choice
+            replayed = forced[:, ordinal].to(own.dtype)  # [N, top_k]
+            if self.score_ratio:
+                with torch.no_grad():
+                    replayed, rejected = threshold_routes(router_scores(adapter, logits), own, replayed,
+                                                          self.score_ratio)
+                self._replayed = self._replayed + (~keep_own).sum()
+                self._replaced = self._replaced + rejected.sum()
+            chosen = torch.where(keep_own, own, replayed)  # [N, top_k]
+            if self._forced_gates is None:
+                # Cast to the dtype the family hands its experts (e.g. float32 for Mixtral / DeepSeek-V3).
+                gates = adapter.gates(module, logits, chosen).to(own_gates.dtype)  # [N, top_k]
+                return adapter.write(output, logits, gates, chosen)
+            recorded = self._forced_gates[:, ordinal].to(own_gates.dtype)  # [N, top_k]
+            frozen = torch.where(keep_own, own_gates.detach(), recorded)  # [N, top_k]
+            return adapter.write(output, logits.detach(), frozen, chosen)
+
+        return hook
+
+
+class RoutingReplay(ForcedRouting):
     """Inside the context, every forward of ``model`` routes each real token to ``routes``' experts.
 
     Gates come from the *current* router's scores gathered at the replayed experts, with the
@@ -50,13 +139,7 @@ class RoutingReplay:
         if score_ratio and force_gates:
             raise ValueError("score_ratio replaces experts whose recorded gates do not exist: it cannot be combined "
                              "with force_gates")
-        self.model = model
-        self.sites: list[RouterSite] = find_routers(model, verify=verify)
-        if model.training:
-            for site in self.sites:
-                if site.adapter.training_replay is not None:
-                    raise RoutesMismatchError(f"cannot replay {site.adapter.family} in training mode: "
-                                              f"{site.adapter.training_replay}")
+        super().__init__(model, find_routers(model, verify=verify), force_gates=force_gates, score_ratio=score_ratio)
         model_layers = tuple(s.layer for s in self.sites)
         if routes.layers != model_layers:
             raise RoutesMismatchError(
@@ -81,52 +164,22 @@ class RoutingReplay:
         if force_gates:
             _check_gates(routes)
         self.routes = routes
-        self.force_gates = force_gates
-        self.score_ratio = float(score_ratio)
-        self._replayed = self._replaced = 0  # slots, summed over the forwards (tensors while inside)
-        self._forced: torch.Tensor | None = None  # [batch*seq, layers, top_k] long, -1 = keep own
-        self._forced_gates: torch.Tensor | None = None  # [batch*seq, layers, top_k] float32, with force_gates
         self._missing: torch.Tensor | None = None  # [batch, seq] bool: real positions without a route, so far
-        self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> RoutingReplay:
-        if self._handles:
-            raise RuntimeError("RoutingReplay is already active")
+        self._attach()
         device = next(self.model.parameters()).device
-        self._replayed = self._replaced = torch.zeros((), dtype=torch.long, device=device)
         self._indices = self.routes.indices.to(device=device, dtype=torch.long)  # [batch, seq, layers, top_k]
         self._unrouted = (self._indices < 0).any(-1).any(-1)  # [batch, seq] positions without a route
         if self.force_gates:
             self._forced_gates = self.routes.gates.to(device).flatten(0, 1)  # [batch*seq, layers, top_k]
-        self._handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
-        for ordinal, site in enumerate(self.sites):
-            # prepend: a RoutingRecorder active at the same time sees the replayed routes.
-            self._handles.append(site.module.register_forward_hook(self._router_hook(ordinal, site), prepend=True))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._forced = self._forced_gates = None
+        self._detach()
         missing, self._missing = self._missing, None
         if exc_type is None and missing is not None:
             _check_covered(missing)  # the one wait for the device, once per context instead of once per forward
-
-    @property
-    def replayed_slots(self) -> int:
-        """Replayed (token, layer, slot)s at real positions so far, with ``score_ratio`` > 0 (0 otherwise)."""
-        return int(self._replayed)
-
-    @property
-    def replaced_slots(self) -> int:
-        """Of :attr:`replayed_slots`, those the score threshold replaced."""
-        return int(self._replaced)
-
-    @property
-    def replace_rate(self) -> float:
-        """``replaced_slots / replayed_slots`` (prime-rl's ``router_replay_replace_rate``); NaN before any."""
-        return self.replaced_slots / self.replayed_slots if self.replayed_slots else float("nan")
 
     def _begin(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         call = read_forward_call(args, kwargs)
@@ -148,37 +201,6 @@ class RoutingReplay:
         self._missing = missing if self._missing is None else self._missing | missing  # [batch, seq]
         forced = indices.masked_fill(~real[:, :, None, None], -1)
         self._forced = forced.flatten(0, 1)  # [batch*seq, layers, top_k]
-
-    def _router_hook(self, ordinal: int, site: RouterSite):
-        adapter = site.adapter
-
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any):
-            forced = self._forced
-            if forced is None:
-                raise RoutesMismatchError(f"router {site.name} ran outside a forward of the replayed model")
-            logits, own_gates, own = adapter.read(output, site.top_k)  # [N, experts], [N, top_k], [N, top_k]
-            if own.shape[0] != forced.shape[0]:
-                raise RoutesMismatchError(
-                    f"router {site.name} saw {own.shape[0]} tokens, routes cover {forced.shape[0]}"
-                )
-            keep_own = forced[:, ordinal] < 0  # [N, top_k] padding: the router's own choice
-            replayed = forced[:, ordinal].to(own.dtype)  # [N, top_k]
-            if self.score_ratio:
-                with torch.no_grad():
-                    replayed, rejected = threshold_routes(router_scores(adapter, logits), own, replayed,
-                                                          self.score_ratio)
-                self._replayed = self._replayed + (~keep_own).sum()
-                self._replaced = self._replaced + rejected.sum()
-            chosen = torch.where(keep_own, own, replayed)  # [N, top_k]
-            if self._forced_gates is None:
-                # Cast to the dtype the family hands its experts (e.g. float32 for Mixtral / DeepSeek-V3).
-                gates = adapter.gates(module, logits, chosen).to(own_gates.dtype)  # [N, top_k]
-                return adapter.write(output, logits, gates, chosen)
-            recorded = self._forced_gates[:, ordinal].to(own_gates.dtype)  # [N, top_k]
-            frozen = torch.where(keep_own, own_gates.detach(), recorded)  # [N, top_k]
-            return adapter.write(output, logits.detach(), frozen, chosen)
-
-        return hook
 
 
 def _check_covered(missing: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ from moestab.configs import (
 )
 from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.recording.budget import DEFAULT_EVERY, MeasureBudget
-from moestab.records.schema import GATE_REPLAY_MODES, REPLAY_MODES
+from moestab.records.schema import BASE_ROUTED_MODES, GATE_REPLAY_MODES, REPLAY_MODES
 
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 """``--rollout-engine`` values (moestab.train.engine.engine_factory builds them)."""
@@ -48,11 +48,13 @@ class TrainConfig:
 
     algo: str = "gspo"
     """Objective preset: grpo | gspo | gspo-token | dapo | dr-grpo | cispo | gmpo | rspo (moestab.rl.PRESETS)."""
-    routing_replay: Literal["off", "old", "rollout", "rollout-gates"] = "off"
+    routing_replay: Literal["off", "old", "rollout", "rollout-gates", "base"] = "off"
     """Routing Replay: off; old (R2: replay pi_old's trainer routes in the updates); rollout (R3: replay
     the rollout engine's routes for the pi_old log-probs and the updates); rollout-gates (TRR, prime-rl's "Total
     Router Recall": as R3, with the rollout engine's gate weights as given too, so the router is frozen in the
-    updates and learns nothing)."""
+    updates and learns nothing); base (routing-constant control: every forward, generation and evaluation included,
+    uses the experts the frozen warm-started base chooses for the same tokens, so routing never changes while the
+    weights, gate weights included, train; HF engine and one process only)."""
     replay_score_ratio: float = 0.0
     """Score-threshold replay (prime-rl PR #2703), with routing_replay old or rollout: in the updates a replayed expert
     is kept only when the trainer's router scores it at least this ratio of its weakest own top-k score; rejected slots
@@ -240,6 +242,10 @@ class TrainConfig:
         if self.rollout_engine == "vllm" and self.routing_replay in GATE_REPLAY_MODES:
             raise ConfigError(f"routing_replay: {self.routing_replay} replays the rollout's gate weights, which vLLM "
                               "does not return; use --rollout-engine hf for TRR")
+        if self.routing_replay in BASE_ROUTED_MODES and (self.rollout_engine != "hf" or self.nproc != 1):
+            raise ConfigError(f"routing_replay: {self.routing_replay} routes every forward as the frozen base, which "
+                              f"the HF engine in one process does; got rollout_engine {self.rollout_engine}, "
+                              f"nproc {self.nproc} (use --rollout-engine hf --nproc 1)")
 
     def _check_counts(self) -> None:
         """Every count is an integer at or above its floor (and the capped ones at most their cap)."""

@@ -11,7 +11,7 @@ import logging
 import random
 import sys
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -28,6 +28,7 @@ from moestab.recording.trackers import TrackedRun, open_trackers, run_id
 from moestab.records import RunFolder, schema
 from moestab.records.run_info import ModelInfo
 from moestab.routing import freeze_routers
+from moestab.routing.base_routing import BaseRouting
 from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import restore_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
@@ -56,6 +57,7 @@ from moestab.train.recipe import (
     response_budget,
     step_settings,
 )
+from moestab.train.rollout import BaseRoutedEngine
 from moestab.train.run_folder import NothingToLearnError, TrainingError, TrainRun
 from moestab.train.step import extra_examples, run_step, step_examples, step_seed
 
@@ -188,6 +190,8 @@ class _Policy:
     warm: dict | None
     """The warm start's record (``None`` for a given model)."""
     record_slots: list[int]
+    route_base: PreTrainedModel | None
+    """The frozen base every forward routes as (``--routing-replay base``), else None."""
     model_info: ModelInfo
     checkpoint_bytes: int
     """What a checkpoint needs on disk: the weights and AdamW's two moments."""
@@ -209,6 +213,11 @@ def _set_up(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
+    route_base = None
+    if config.routing_replay in schema.BASE_ROUTED_MODES:  # the reference policy is the same frozen base
+        route_base = ref_model if ref_model is not None else load_policy(base_path, dtype, device).eval()
+        route_base.requires_grad_(False)
+        BaseRouting(model, route_base)  # both models' routers checked here, before the run opens
     if not is_embedded(config.model):  # the embedded policy's family was checked before its warm start
         check_recording(model)
     slots = record_slots(model, config.record_layers)
@@ -227,7 +236,8 @@ def _set_up(
     if start_step:
         loop_state = restore_training_state(folder, start_step, model, optimizer)
     history = SolvedPrompts.from_state(loop_state) if config.history_resampling else None
-    return _Policy(model, tokenizer, ref_model, optimizer, history, base_path, warm, slots, info, checkpoint_bytes)
+    return _Policy(model, tokenizer, ref_model, optimizer, history, base_path, warm, slots, route_base, info,
+                   checkpoint_bytes)
 
 
 # ---- the steps ------------------------------------------------------------------------------------------------------
@@ -244,12 +254,19 @@ class _Steps:
         self.settings = step_settings(config, max_new)
         self.eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
 
+    def routing(self) -> AbstractContextManager:
+        """How the policy routes outside the trainer's own forwards (generation, evaluation): as the frozen base
+        under ``--routing-replay base``, freely otherwise."""
+        p = self.policy
+        return nullcontext() if p.route_base is None else BaseRouting(p.model, p.route_base, verify=False)
+
     def evaluate(self) -> float:
         p = self.policy
         if self.world.distributed:
             return sharded_greedy_accuracy(p.model, p.tokenizer, self.task, self.eval_set, max_new_tokens=self.max_new,
                                            world=self.world)
-        return greedy_accuracy(p.model, p.tokenizer, self.task, self.eval_set, max_new_tokens=self.max_new)
+        with self.routing():
+            return greedy_accuracy(p.model, p.tokenizer, self.task, self.eval_set, max_new_tokens=self.max_new)
 
     def save(self, step: int) -> None:
         """The checkpoint of ``step``: gathered by every rank, written by rank 0."""
@@ -283,6 +300,8 @@ class _Steps:
         config, run, p = self.config, self.run, self.policy
         engine = rollout_engine(p.model, p.tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype],
                                 gates=config.routing_replay in schema.GATE_REPLAY_MODES)
+        if p.route_base is not None:
+            engine = BaseRoutedEngine(engine, p.route_base)
         share = self.world.block(config.prompts_per_step)  # this rank's prompts: whole groups
         zero_steps = 0  # consecutive steps whose every advantage was 0
         for step in range(start_step + 1, config.steps + 1):

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.routing import RoutingRecorder, find_routers
+from moestab.routing.base_routing import BaseRouting
 from moestab.routing.compat import expect_coverage
 from moestab.train.distributed import full_state_dict, is_sharded, unsharded_copy
 
@@ -94,3 +95,25 @@ class HFRolloutEngine:
             prompt_len=prompt_len,
             completions=completions,
         )
+
+
+class BaseRoutedEngine:
+    """An engine whose policy routes every token as the frozen ``base`` does (``--routing-replay base``): its
+    ``generate`` runs inside :class:`~moestab.routing.base_routing.BaseRouting`, so the routes it returns are the
+    base's, and the trainer replays them as R3 replays a rollout's."""
+
+    def __init__(self, engine: HFRolloutEngine, base: PreTrainedModel) -> None:
+        if not isinstance(getattr(engine, "model", None), torch.nn.Module):
+            raise TypeError(f"{type(engine).__name__} exposes no .model to route as the base; routing-constant runs "
+                            "need an engine that generates with a torch model in this process (the HF engine)")
+        self.engine = engine
+        self.base = base
+        self.tokenizer = engine.tokenizer
+        BaseRouting(engine.model, base)  # both models' routers checked once, here; each generate skips the check
+
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
+    def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
+        with BaseRouting(self.engine.model, self.base, verify=False):
+            return self.engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature)

@@ -27,6 +27,8 @@ UPDATE_ROUTES = {  # replay mode (RunInfo.replay) -> routes of pi_old in the rat
     "rollout": "both use the rollout engine's routes (R3): update → old and rollout → trainer (as used) are 0",
     "rollout-gates": "both use the rollout engine's routes and gate weights (TRR): update → old and rollout → "
                      "trainer (as used) are 0",
+    "base": "both use the frozen base's routes, as does the rollout (routing-constant): update → old and rollout → "
+            "trainer (as used) are 0; rollout → trainer (free) is the policy's drift from the base",
 }
 
 ui.page_header(
