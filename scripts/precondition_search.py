@@ -12,10 +12,10 @@ after any stop. Two processes may run it at once (each trains what the other has
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from moestab.experiments import precondition as pre
+from moestab.experiments.registration import block
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRATION = ROOT / "docs" / "precondition.md"
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
               f"budget {pre.BUDGET_CORE_HOURS}")
         return 0
     if args.command == "register":
-        print("```json\n" + json.dumps(pre.registration(settings), indent=1) + "\n```")
+        print(block(pre.registration(settings)))
         return 0
     if args.command == "run":
         pre.check_registration(REGISTRATION, settings)

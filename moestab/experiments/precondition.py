@@ -16,7 +16,6 @@ that passes, or when the next setting would exceed the registered CPU budget. Ev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import pandas as pd
 
 from moestab.experiments.controlled import STABILITY_RULE, is_stable
 from moestab.experiments.grid import GridRun, grid_runs, is_finished, run_grid
+from moestab.experiments.registration import check_registered
 from moestab.experiments.stability import run_stability
 from moestab.metrics import keys
 from moestab.records.reader import load_metrics
@@ -152,21 +152,6 @@ def registration(settings: Sequence[Setting], seeds: Sequence[int] = SEEDS) -> d
             "settings": [asdict(s) for s in settings]}
 
 
-class RegistrationError(RuntimeError):
-    """The search's registration is missing or differs from what would run."""
-
-
 def check_registration(path: str | Path, settings: Sequence[Setting], seeds: Sequence[int] = SEEDS) -> None:
-    """Refuse to run unless ``path`` (docs/precondition.md) holds exactly :func:`registration` in its JSON block."""
-    path = Path(path)
-    if not path.is_file():
-        raise RegistrationError(f"no registration at {path}; write and commit it first (precondition_search.py "
-                                "register)")
-    text = path.read_text(encoding="utf-8")
-    start, end = text.find("```json\n"), text.find("\n```", text.find("```json\n") + 1)
-    if start < 0 or end < 0:
-        raise RegistrationError(f"{path} has no ```json block holding the registration")
-    registered = json.loads(text[start + len("```json\n"):end])
-    if registered != json.loads(json.dumps(registration(settings, seeds))):
-        raise RegistrationError(f"{path} registers another search than the one that would run; a registered "
-                                "search is not changed (register a new one, and say why)")
+    """Refuse to run unless ``path`` (docs/precondition.md) registers exactly :func:`registration`."""
+    check_registered(path, registration(settings, seeds))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from moestab.experiments import precondition as pre
+from moestab.experiments.registration import RegistrationError
 from moestab.experiments.stability import run_stability
 
 from ..train.helpers import REWARD
@@ -55,13 +56,13 @@ def test_a_setting_beyond_the_budget_is_not_started(tmp_path):
 
 def test_the_run_refuses_a_missing_or_changed_registration(tmp_path):
     doc = tmp_path / "precondition.md"
-    with pytest.raises(pre.RegistrationError, match="no registration"):
+    with pytest.raises(RegistrationError, match="no registration"):
         pre.check_registration(doc, _settings())
     import json
 
     doc.write_text("# plan\n\n```json\n" + json.dumps(pre.registration(_settings()), indent=1) + "\n```\n")
     pre.check_registration(doc, _settings())
-    with pytest.raises(pre.RegistrationError, match="another search"):
+    with pytest.raises(RegistrationError, match="another design"):
         pre.check_registration(doc, _settings()[:1])
 
 
