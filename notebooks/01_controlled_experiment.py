@@ -26,6 +26,12 @@
 #
 # If routing volatility is what breaks GRPO here, the controls (no routing change) and the replay arms do better than
 # MoE GRPO off, and routing's share of Var(log w) is large. Whatever comes out is the finding (docs/findings.md).
+#
+# GSPO §5.3's claim is conditional on about 10% of the activated experts changing per update. Read the outcomes
+# against that first: `vol` below (old->new routers changed, step mean) is this experiment's share, and it stayed far
+# below 10%, so the experiment did not test the claim (docs/findings.md: precondition not reached; with 5 seeds, the
+# effects it could have missed are sized there by `scripts/controlled_power.py`). Issue 41 searches for a setting that
+# reaches the precondition first (docs/precondition.md).
 
 # %% tags=["parameters"]
 SIZE = "full"  # "smoke": a 1-layer untrained policy, every reward 0, 2 steps (the pipeline only); "full": registered

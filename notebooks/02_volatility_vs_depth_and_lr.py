@@ -158,6 +158,37 @@ show_findings(found)
 drift_stats
 
 # %% [markdown]
+# ## R3's 10% / 94% read at its model's depth
+#
+# The R3 paper compared the rollout engine with the trainer on Qwen3-30B-A3B, whose 48 layers are all MoE layers:
+# 10% of routers and 94% of tokens (>= 1 flipped layer) differed. If those 48 layers flipped independently at 10%
+# each, the token share would be `1 - (1 - p)^L` (`independent_token_flip`, the baseline of the depth cells).
+# Inverting it gives what the 94% implies: the per-layer rate at which 48 independent layers reach 94%, and the depth
+# at which 10% per layer reaches it.
+#
+# This cell is arithmetic on the paper's figures and reads nothing the cells above compute. It was added (issue 41.5)
+# after the full-size run and executed on its own, after the notebook's setup cell: re-executing the whole notebook
+# now would warm-start its bases with the load-balancing loss that issue 41.1 made the default, which would change
+# every measured number above (`--warm-start-aux-loss-coef`, docs/routers.md).
+
+# %%
+import math
+
+from moestab.analysis.depth import independent_token_flip
+
+R3 = {"layers": 48, "router_flip": 0.10, "token_flip": 0.94}  # the R3 paper's figures, Qwen3-30B-A3B
+r3_independent = float(independent_token_flip(R3["router_flip"], R3["layers"]))
+r3_rate = 1 - (1 - R3["token_flip"]) ** (1 / R3["layers"])  # p with 1 - (1 - p)^48 = 0.94
+r3_depth = math.log(1 - R3["token_flip"]) / math.log(1 - R3["router_flip"])  # L with 1 - 0.9^L = 0.94
+show_findings({"r3.layers": R3["layers"], "r3.router_flip": R3["router_flip"], "r3.token_flip": R3["token_flip"],
+               "r3.independent_tokens": r3_independent, "r3.rate_for_tokens": r3_rate,
+               "r3.layers_for_tokens": r3_depth})
+print(f"independent layers, {R3['layers']} layers at {R3['router_flip']:.0%} each: {r3_independent:.1%} of tokens "
+      f"(R3 measured {R3['token_flip']:.0%})")
+print(f"{R3['token_flip']:.0%} of tokens at {R3['layers']} independent layers needs {r3_rate:.1%} per layer; "
+      f"{R3['router_flip']:.0%} per layer reaches it at {r3_depth:.1f} layers")
+
+# %% [markdown]
 # ## Reading
 #
 # Written from the full-size run (2 seeds; one GRPO step of 32 prompts x 8 samples from each warm-started base, the
@@ -173,7 +204,11 @@ drift_stats
 #   rollout->trainer, 13.7x old->new) is the arithmetic of L independent chances: flips in one layer do not cascade
 #   into later ones beyond that (where measured / predicted is below 1, 0.88 at 8 layers old->new and 0.90 at 16
 #   layers rollout->trainer, flips fell on the same tokens slightly more often than chance). The R3 paper's 10% of
-#   routers vs 94% of tokens is also about what independent layers give at 27 layers (1 - 0.9^27 = 0.94); this
+#   routers vs 94% of tokens is *not* what independent layers give on its model: at Qwen3-30B-A3B's 48 MoE layers,
+#   10% per layer would put a flip on more tokens than 94% (`r3.independent_tokens` above), so R3's 94% implies
+#   flips correlated across a token's layers (they fall on the same tokens), or a lower per-layer rate
+#   (`r3.rate_for_tokens`); 10% per layer reaches 94% only at about half that depth (`r3.layers_for_tokens`). An
+#   earlier version of this reading compared 94% with 27 independent layers and missed that the model has 48. This
 #   policy's gap is far smaller (at 16 layers 0.32% +- 0.11% of routers, 4.3% +- 0.6% of tokens), and its old->new
 #   change is one update, not the rollout->trainer gap R3 reports.
 # - **Claim 2, reproduced for lr, mostly for the update index.** The first update's drift from pi_old is exactly 0

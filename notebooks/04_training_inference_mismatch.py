@@ -163,15 +163,14 @@ checks
 #   3.0e-4 +- 1.4e-4 on the bf16 engine's own samples (1.6x; the R3 paper: 1.5e-3 vs 6.4e-4, 2.3x). F(2) was above 0
 #   only for the MoE (1.8e-4 on the texts, 7.5e-4 on the samples; exactly 0 for the dense control). With 3 seeds the
 #   k3 difference is within one sd.
-# - **Claim 12, on the rollout's own samples: k3 >= 0 per token, reproduced; k1 ~ k3, consistent but k1 is noise
-#   at this size.** The smallest per-token k3 term was >= 0 for all 6 policies. On tokens the bf16 engine sampled,
-#   `k1 - k3` (per token `1 - exp(d)`, mean 0 in expectation) was within 2 standard errors of 0 for all 6 (largest
-#   |z| 1.6): the two agree as they must. But over ~900 tokens k1's standard error (1.0e-3 MoE, 8e-4 dense, over
-#   sequences) is two to three times the KL it estimates (k3: 4.7e-4 MoE, 3.0e-4 dense), so k1 swings in sign
-#   between seeds (MoE 3.6e-4 +- 1.8e-3) while k3's standard error is about half its value: k3 is the estimator to
-#   read. (The
-#   earlier reading of k1 on teacher-forced texts measured neither estimator's target: those tokens were not drawn
-#   from the rollout.)
+# - **Claim 12, a consistency check, not a reproduction (it checks moestab's estimators against Schulman's derivation,
+#   not a measured result), on the rollout's own samples: k3 >= 0 per token holds; k1 ~ k3, consistent but k1 is noise
+#   at this size.** The smallest per-token k3 term was >= 0 for all 6 policies. On tokens the bf16 engine sampled, `k1 -
+#   k3` (per token `1 - exp(d)`, mean 0 in expectation) was within 2 standard errors of 0 for all 6 (largest |z| 1.6):
+#   the two agree as they must. But over ~900 tokens k1's standard error (1.0e-3 MoE, 8e-4 dense, over sequences) is two
+#   to three times the KL it estimates (k3: 4.7e-4 MoE, 3.0e-4 dense), so k1 swings in sign between seeds (MoE 3.6e-4 +-
+#   1.8e-3) while k3's standard error is about half its value: k3 is the estimator to read. (The earlier reading of k1
+#   on teacher-forced texts measured neither estimator's target: those tokens were not drawn from the rollout.)
 # - **What R3 and TRR remove** (same tokens, MoE): k3 4.7e-4 with free routing, 2.0e-4 with the rollout's
 #   experts forced (R3), 1.6e-4 with experts and gates forced (TRR); the R3 paper's MoE: 1.5e-3 -> 7.5e-4. The
 #   halving is reproduced; the remainder is bf16 arithmetic outside the routers. On the dense control, forcing the

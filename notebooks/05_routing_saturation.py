@@ -168,9 +168,9 @@ claim3
 #   and positive in 2 of 3 seeds. Routing settles a little over 60 RL steps (a late 10-step interval keeps 97% of
 #   the top-k, an early one 96%), from a start where over 90% of the final top-k is already chosen; the last layer
 #   starts lowest (0.85) and moves most.
-# - **Claim 3, reproduced exactly.** `changed` between the first and last checkpoint (from `compare`) and
-#   1 - saturation of the first against the last agree to 0.0 in every layer: both are the same intersection
-#   kernel (`moestab.metrics.routes.intersection_sizes`) over the same tokens, so volatility and saturation are
-#   one analyzer read two ways.
+# - **Claim 3, a consistency check (not a reproduction), holds exactly.** `changed` between the first and last
+#   checkpoint (from `compare`) and 1 - saturation of the first against the last agree to 0.0 in every layer: both
+#   are the same intersection kernel (`moestab.metrics.routes.intersection_sizes`) over the same tokens, so
+#   volatility and saturation are one analyzer read two ways.
 # - Not shown here: saturation of *pre-training* checkpoints (OLMoE's setting); this policy's routing was formed
 #   by a short supervised warm start, not pre-training.

@@ -247,9 +247,11 @@ quantiles[["std", "q0.01", "q0.99", "min", "max"]].round(4)
 #   4x the mean |log w| of the others (GRPO 0.122 vs 0.031; q99 1.57 vs 0.49) and clip 4x as often (9.3% vs 2.3%).
 #   R2 lowered GRPO's token log-ratio variance by 16% (0.0166 +- 0.0058 -> 0.0139 +- 0.0035, within one sd) and
 #   left its clip fraction unchanged (3.49% vs 3.47%).
-# - **Claim 9, reproduced.** Under R2 the pi_old used in the ratio is the free one (same k3, 3.9e-4, on both
-#   sides); under R3 it is not: k3 against the rollout 2.6e-4 as used vs 5.9e-4 free for GRPO (2.3e-4 vs 3.6e-4
-#   for GSPO), with 0 routers flipped as used vs 0.48% free.
+# - **Claim 9, a consistency check (not a reproduction), holds.** It checks moestab's replay against R2's and R3's
+#   definitions: at the first minibatch theta = theta_old, so R2's replayed routes are pi_old's own. Under R2 the
+#   pi_old used in the ratio is the free one (same k3, 3.9e-4, on both sides); under R3 it is not: k3 against the
+#   rollout 2.6e-4 as used vs 5.9e-4 free for GRPO (2.3e-4 vs 3.6e-4 for GSPO), with 0 routers flipped as used vs
+#   0.48% free.
 # - **Claim 7, reproduced.** GSPO-token's loss equals GSPO's up to float32 rounding (5e-9 at step 1) and the two
 #   runs sampled identical rewards for 8 steps; from step 9 rounding differences change sampled tokens and the
 #   trajectories part (max reward difference 0.07).

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import nbformat
 import numpy as np
+import pandas as pd
 import pytest
 
 from moestab.experiments import findings as F
+from moestab.metrics.paired import min_detectable_difference, paired_power
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,3 +69,19 @@ def test_the_committed_findings_are_the_rendering_of_the_committed_notebooks():
     spec.loader.exec_module(script)
     assert (ROOT / "docs" / "findings.md").read_text() == script.rendered(), (
         "docs/findings.md differs from the executed notebooks' published numbers: run python scripts/findings.py")
+
+
+def test_the_controlled_experiments_detectable_differences_are_the_ones_quoted():
+    # docs/findings.md quotes them by hand (scripts/controlled_power.py prints them): recomputed here from the
+    # committed report, so a changed report or a changed computation fails until the text follows.
+    paired = pd.read_csv(ROOT / "docs" / "controlled_results" / "paired.csv")
+    rows = paired[paired.outcome == "final_acc"].set_index("arm")
+    points = {arm: 100 * min_detectable_difference(row.sd_diff, int(row.n)) for arm, row in rows.iterrows()}
+    dense_power = paired_power(0.10, rows.loc["dense_grpo_off", "sd_diff"], int(rows.loc["dense_grpo_off", "n"]))
+    quoted = (f"is R2 {points['moe_grpo_r2']:.1f}, R3 {points['moe_grpo_r3']:.1f}, GSPO {points['moe_gspo_off']:.1f} "
+              f"and frozen-router {points['frozen_grpo_off']:.1f} points, and {points['dense_grpo_off']:.1f} points "
+              f"for the dense control, whose power for a 10-point difference is {dense_power:.0%}")
+    moe = [points[arm] for arm in rows.index if arm != "dense_grpo_off"]
+    text = " ".join((ROOT / "docs" / "findings.md").read_text().split())  # line breaks as spaces
+    assert quoted in text
+    assert f"effects below {min(moe):.1f}-{max(moe):.1f} points" in text
