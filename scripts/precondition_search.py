@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from moestab.experiments import precondition as pre
+from moestab.experiments.grid import quiet_process
 from moestab.experiments.registration import block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "run":
         pre.check_registration(REGISTRATION, settings)
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        torch.set_num_threads(1)
+        quiet_process(1)
     rows = pre.search(settings, args.out, extra=pre.base_fields(cache_dir=args.cache_dir), dry=args.command == "table",
                       log=lambda line: print(line, flush=True))
     print(_table(rows))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moestab.experiments.grid import grid_runs, run_grid
+from moestab.experiments.grid import grid_runs, quiet_process, run_grid
 from moestab.experiments.stability import run_stability
 from moestab.models.spec import parse_model_spec
 
@@ -79,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table_only:
         print(markdown_table(pd.read_csv(args.out / "sweep.csv")))
         return 0
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    torch.set_num_threads(args.threads)
+    quiet_process(args.threads)
     rows = []
     for block in GRIDS[args.grid]:
         base = {"steps": block["steps"], "rollout_dtype": "bfloat16", "threads": args.threads,

@@ -2,8 +2,9 @@
 
 If each of a token's ``L`` routers flipped independently with the same probability ``p`` (the router flip rate,
 ``routing/{pair}/router_flip``), the share of tokens with at least one flipped layer (``routing/{pair}/token_flip``)
-would be ``1 - (1 - p)^L``. That alone makes the token share grow with depth at a constant ``p``: R3's "10% of
-routers, 94% of tokens" is what independent routers give at ``L ~ 27``. At the measured ``p``, anything that makes
+would be ``1 - (1 - p)^L``. That alone makes the token share grow with depth at a constant ``p``. R3 reports "10%
+of routers, 94% of tokens" on a 48-layer model, where independent routers would give 99.4%: its 94% means flips that
+fall together on the same tokens (notebook 02 works the arithmetic). At the measured ``p``, anything that makes
 a token's layers flip together (a flip cascading into later layers, tokens that are fragile in every layer) puts
 the token flip *below* the baseline, since the same flips then fall on fewer tokens; above it only when flips avoid
 each other's tokens. A token flip at the baseline means depth adds independent chances, nothing that compounds.

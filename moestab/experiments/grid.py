@@ -103,6 +103,16 @@ def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = logger.inf
     return [run.run_dir for run in runs]
 
 
+def quiet_process(threads: int) -> None:
+    """What a launcher that trains many runs in one process sets first: ``threads`` torch threads (a float result
+    depends on them; runs register it) and no transformers progress bars in its log."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+
+
 def grid_metrics(runs: Sequence[GridRun]) -> pd.DataFrame:
     """metrics.jsonl of every run, one row per step, with the run's axis values as columns."""
     frames = [load_metrics(run.run_dir).assign(**run.values) for run in runs]

@@ -25,6 +25,7 @@ from moestab.metrics import keys
 from moestab.probes.checkpoints import Checkpoint
 from moestab.probes.errors import ProbeError
 from moestab.probes.suites import TASK_PREFIX, ProbeSuite
+from moestab.recording.step_tensors import StepTensors
 from moestab.records.reader import read_run_info
 from moestab.tasks import DEFAULT_TASK, Example, Task, refuse_code_named_by, task_from_spec
 from moestab.text import shown
@@ -127,17 +128,26 @@ def one_step(
 ) -> dict[str, object]:
     """The metrics (metrics.jsonl keys) of one step of ``model``, which it updates in place, at ``lr`` with
     ``minibatches`` updates on the rollout batch."""
+    return one_step_with_tensors(model, tokenizer, recipe, lr=lr, minibatches=minibatches)[0]
+
+
+def one_step_with_tensors(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: StepRecipe, *, lr: float, minibatches: int,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> tuple[dict[str, object], StepTensors]:
+    """:func:`one_step`, with the step's tensors (its rollout batch, routes and log-probs) beside its metrics.
+    ``optimizer``: the one to step (e.g. a run's, its state restored), instead of a fresh one at ``lr``."""
     settings = recipe.step_settings(minibatches)
     seed = step_seed(recipe.seed, FIRST_STEP)
     torch.manual_seed(seed)  # the rollout samples from the global generator, as the loop seeds each step
-    metrics, _ = run_step(
-        model=model, optimizer=build_optimizer(model.parameters(), lr=lr, weight_decay=TrainConfig.weight_decay),
+    return run_step(
+        model=model,
+        optimizer=optimizer or build_optimizer(model.parameters(), lr=lr, weight_decay=TrainConfig.weight_decay),
         engine=HFRolloutEngine(model, tokenizer, dtype=DTYPES[recipe.rollout_dtype] if recipe.rollout_dtype else None),
         task=recipe.task, settings=settings, examples=recipe.examples(),
         generator=torch.Generator().manual_seed(seed),
         draw_more=extra_examples(recipe.task, recipe.prompts, recipe.seed, FIRST_STEP),
     )
-    return metrics
 
 
 def step_row(metrics: dict[str, object], columns: Sequence[str] = tuple(STEP_COLUMNS)) -> dict[str, object]:
