@@ -71,7 +71,7 @@ CONDITIONS: dict[str, str] = {
     BUDGET: "a measurement budget below every sequence of every step (`moestab train --measure-fraction` < 1 or "
             "`--measure-every` > 1; the TRL integration: `RecordSettings(budget=...)`); the sampled keys are absent "
             "on an unmeasured step",
-    REPLAYED: "the updates replay routes (`--routing-replay old`, `rollout` or `rollout-gates`)",
+    REPLAYED: "the updates replay routes (`--routing-replay old`, `rollout`, `rollout-gates` or `base`)",
     DIAGNOSTICS: "the step was written by the diagnostics call for any trainer (`moestab.recording.diagnostics`, "
                  "docs/integrations.md): another framework's rollout and trainer routes, no `moestab train` step",
 }
