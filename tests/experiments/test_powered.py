@@ -77,3 +77,16 @@ def test_a_tiny_experiment_runs_reports_and_its_manifest_checks(tmp_path):
     assert any("is not a sha256" in p for p in powered.manifest_problems(tampered, design, registered_at))
     dropped = manifest.iloc[1:]
     assert any(p.startswith("missing:") for p in powered.manifest_problems(dropped, design, registered_at))
+
+
+def test_the_committed_registration_is_the_design_of_the_passing_setting():
+    import importlib.util
+    from pathlib import Path
+
+    from moestab.experiments.registration import check_registered
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("powered_experiment", root / "scripts" / "powered_experiment.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    check_registered(root / "docs" / "powered.md", powered.registration(script.design_of("fine8-lr5e-4", None)))
