@@ -22,6 +22,7 @@ import torch
 
 from moestab.cli import main
 from moestab.records import schema
+from tests.support.models import damaged_model
 
 MAX_ERR = 2000  # characters of stderr a refusal may take: a line or two, never the echo of a huge value
 
@@ -149,43 +150,19 @@ CASES: list[tuple[str, Setup, str]] = [
     ("out-name-too-long", lambda t: ["train", "--out", "x" * 300], "out: the name 'xxx"),
     ("embedded-spec-too-large", lambda t: ["train", "--model", "embedded:layers=100000", *OUT],
      "the embedded policy takes at most 1,000,000,000"),
-    ("model-nan-router", lambda t: ["train", "--model", _damaged_model(t, "nan-router"), *OUT],
+    ("model-nan-router", lambda t: ["train", "--model", damaged_model(t, "nan-router"), *OUT],
      "router model.layers.0.mlp.gate: weight holds 1,024 NaN or infinite values of 1,024; the model's weights are "
      "damaged"),
-    ("probe-nan-router", lambda t: ["probe", "numerics", _damaged_model(t, "nan-router"), "--count", "2", *OUT],
+    ("probe-nan-router", lambda t: ["probe", "numerics", damaged_model(t, "nan-router"), "--count", "2", *OUT],
      "router model.layers.0.mlp.gate: weight holds 1,024 NaN or infinite values"),
-    ("model-tokenizer-past-the-embedding", lambda t: ["train", "--model", _damaged_model(t, "tokenizer"), *OUT],
+    ("model-tokenizer-past-the-embedding", lambda t: ["train", "--model", damaged_model(t, "tokenizer"), *OUT],
      "its tokenizer has 109 tokens but the model's embedding has 89 rows (ids 89-108 have none)"),
-    ("probe-tokenizer-past-the-embedding", lambda t: ["probe", "numerics", _damaged_model(t, "tokenizer"), *OUT],
+    ("probe-tokenizer-past-the-embedding", lambda t: ["probe", "numerics", damaged_model(t, "tokenizer"), *OUT],
      "its tokenizer has 109 tokens but the model's embedding has 89 rows"),
     ("probe-out-an-existing-run", lambda t: ["probe", "numerics", _model_folder(t), "--out",
                                              str(_finished_run_folder(t))],
      "exists and is not a probe folder; choose an empty or new folder"),
 ]
-
-
-def _damaged_model(tmp: Path, how: str) -> str:
-    """The embedded policy saved, then damaged: a router of NaN, a weight cut by one column (transformers logs its
-    report, so tests/train/test_faults.py runs that one in a process of its own), or a tokenizer with 20 tokens more
-    than the embedding has rows."""
-    from safetensors.torch import load_file, save_file
-
-    from moestab.models import build_embedded_policy, save_policy
-
-    folder = Path(save_policy(*build_embedded_policy(), tmp / "model"))
-    if how == "tokenizer":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        tokenizer.add_tokens([f"extra{i}" for i in range(20)])
-        tokenizer.save_pretrained(folder)
-        return str(folder)
-    weights = load_file(folder / "model.safetensors")
-    router = weights["model.layers.0.mlp.gate.weight"]  # [experts, hidden]
-    weights["model.layers.0.mlp.gate.weight"] = (torch.full_like(router, float("nan")) if how == "nan-router"
-                                                 else router[:, :-1].contiguous())
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return str(folder)
 
 
 def _folder(tmp: Path, name: str) -> str:
@@ -195,7 +172,7 @@ def _folder(tmp: Path, name: str) -> str:
 
 def _finished_run_folder(tmp: Path) -> Path:
     """A run folder as ``RunWriter`` lays it out (no training): enough for checks made before any reading."""
-    from tests.records.test_folder import a_run
+    from tests.support.runs import a_run
 
     folder = a_run(tmp / "fake-run").path
     (folder / schema.METRICS_JSONL).write_text('{"step": 1}\n')
@@ -310,7 +287,7 @@ RUN_CASES: list[tuple[str, Callable[[Path], None], bool, str]] = [
 def finished_run(tmp_path_factory) -> Path:
     """A finished 2-step run of the tiny budget (checkpoints 0-2), trained once for the module; cases copy it."""
     from moestab.train import train
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     root = tmp_path_factory.mktemp("finished")
     train(tiny_config(root / "run", root / "cache", steps=2, max_zero_advantage_steps=0), log=lambda line: None)
@@ -326,7 +303,7 @@ def test_a_damaged_run_is_refused_on_resume_and_left_as_it_was(tmp_path, monkeyp
     shutil.copytree(finished_run, run)
     damage(run)
     before = _files(tmp_path)
-    from tests.train.helpers import TASK
+    from tests.support.train import TASK
 
     code = main(["train", "--resume", str(run), *(["--task", TASK] if task else []), *RESUME])
     err = capsys.readouterr().err
@@ -344,7 +321,7 @@ def test_a_damaged_run_is_refused_on_resume_and_left_as_it_was(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_resume_on_a_read_only_mount_is_refused_in_one_line(tmp_path):
-    from tests.train.helpers import TASK
+    from tests.support.train import TASK
 
     _private_mount_or_skip()
     tiny = ["--task", TASK, "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "8",

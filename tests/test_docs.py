@@ -12,7 +12,7 @@ from moestab.analysis.summary import SUMMARY_COLUMNS, SUMMARY_KEYS
 from moestab.metrics import keys as metric_keys
 from moestab.records import schema
 from moestab.train import train
-from tests.train.helpers import tiny_config
+from tests.support.train import tiny_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -1,10 +1,14 @@
-"""The layers of docs/engineering.md ("The layers"), checked on the import graph of every module in moestab/.
+"""The layers of docs/engineering.md ("The layers"), checked on the import graph of every module in moestab/; and the
+tests' own layering: a test imports shared helpers from tests/support only, never another test module.
 
-A package may import packages of a lower layer only (and itself). The table below is the picture in
-docs/engineering.md; a test keeps the two in step, so a new package must be placed in both.
+A package may import packages of a lower layer only (and itself), and never a lower package it is kept apart from
+(``APART``). The table below is the picture in docs/engineering.md; a test keeps the two in step, so a new package
+must be placed in both.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +36,14 @@ LAYERS: dict[str, int] = {
 }
 """Package (or top-level module) of moestab -> its layer."""
 
+APART = {("train", "analysis")}
+"""(importer, imported) pairs refused although the imported package lies lower: the trainer computes its metrics with
+moestab.metrics, as the analyzers do, never through the analyzers."""
+
+NO_TORCH = ("moestab.analysis.summary, moestab.analysis.attribution, moestab.analysis.plots",
+            "moestab.metrics.routes, moestab.metrics.mismatch, moestab.metrics.ratios")
+"""Modules of the layers the picture draws without torch (metrics/, analysis/): the dashboard stays light."""
+
 
 def _package(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
@@ -55,7 +67,7 @@ def _imported_packages(path: Path) -> set[str]:
     return out
 
 
-def _violations(layers: dict[str, int]) -> list[str]:
+def _violations(layers: dict[str, int], apart: set[tuple[str, str]] = APART) -> list[str]:
     out = []
     for path in sorted(PACKAGE.rglob("*.py")):
         own = _package(path)
@@ -65,6 +77,28 @@ def _violations(layers: dict[str, int]) -> list[str]:
             elif layers[imported] >= layers[own]:
                 out.append(f"{path.relative_to(ROOT)} (layer {layers[own]}) imports moestab.{imported} "
                            f"(layer {layers[imported]})")
+            elif (own, imported) in apart:
+                out.append(f"{path.relative_to(ROOT)} imports moestab.{imported}, which {own} is kept apart from")
+    return out
+
+
+def _loads(imports: str, module: str) -> bool:
+    """Whether a fresh interpreter holds ``module`` after ``import imports``."""
+    code = f"import sys\nimport {imports}\nprint({module!r} in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return out.stdout.split() == ["True"]
+
+
+def _test_imports_outside_support(source: str) -> list[str]:
+    """The imports of ``source`` (a module under tests/) that reach another test module: a relative import, or
+    ``tests.X`` with X other than ``support``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            out.append("." * node.level + (node.module or ""))
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                 else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        out += [n for n in names if n.split(".")[0] == "tests" and n.split(".")[:2] != ["tests", "support"]]
     return out
 
 
@@ -75,11 +109,26 @@ def test_every_package_has_a_layer():
 
 def test_layers_import_downwards_only():
     assert _violations(LAYERS) == []
+    for imports in NO_TORCH:  # what the modules import when run, not only their own import lines
+        assert not _loads(imports, "torch"), imports
 
 
 def test_the_check_can_fail():
-    # train imports recording; with recording put above train the same graph is refused.
+    # train imports recording; with recording put above train the same graph is refused, and so it is with train
+    # kept apart from recording; importing the trainer loads torch.
     assert any("imports moestab.recording" in v for v in _violations({**LAYERS, "recording": 7}))
+    assert any("kept apart" in v for v in _violations(LAYERS, {("train", "recording")}))
+    assert _loads("moestab.train.loop", "torch")
+
+
+def test_tests_share_helpers_through_tests_support_only():
+    # Helpers shared between tests live in tests/support; a test module never imports another one (its fixtures reach
+    # it through conftest.py, which pytest loads, never an import).
+    found = {str(p.relative_to(ROOT)): bad for p in sorted((ROOT / "tests").rglob("*.py"))
+             if (bad := _test_imports_outside_support(p.read_text()))}
+    assert found == {}
+    imports = "from .helpers import a\nimport tests.train.test_records\nfrom tests.support.train import TASK\n"
+    assert _test_imports_outside_support(imports) == [".helpers", "tests.train.test_records"]  # the check can fail
 
 
 def test_the_picture_in_the_docs_matches_the_table():

@@ -9,8 +9,7 @@ from moestab.analysis import attribution as A
 from moestab.analysis import experts as X
 from moestab.analysis.synthetic import synthetic_routes
 from moestab.records import schema
-
-from .naive import decision_overlaps
+from tests.support.naive import decision_overlaps
 
 
 def test_flip_groups_and_explained_hand_worked():

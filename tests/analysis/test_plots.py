@@ -9,8 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from moestab.analysis.plots import CURVE_KEYS, plot_curves, run_figures
 from moestab.metrics import keys
-
-from .conftest import write_run
+from tests.support.runs import write_run
 
 EVAL_PANEL = [key for key, _, _ in CURVE_KEYS].index(keys.EVAL_ACCURACY)
 

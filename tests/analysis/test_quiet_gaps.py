@@ -10,8 +10,7 @@ import pytest
 from moestab.analysis.summary import run_summary
 from moestab.records import schema
 from moestab.records.errors import RunFileError
-
-from .conftest import write_run
+from tests.support.runs import write_run
 
 
 def test_an_empty_metrics_file_of_a_run_with_steps_is_said_naming_it(fake_run, cli_main, capsys):

@@ -12,8 +12,8 @@ from moestab.analysis.summary import summarize_runs
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.records import schema
 from moestab.train import train
-from tests.records.tables import token_frame
-from tests.train.helpers import tiny_config
+from tests.support.tables import token_frame
+from tests.support.train import tiny_config
 
 
 @pytest.fixture(scope="module")

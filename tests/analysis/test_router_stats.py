@@ -11,7 +11,7 @@ import torch
 from moestab.analysis.router_stats import COLUMNS, router_statistics
 from moestab.probes.collect import collect
 from moestab.probes.suites import load_suite
-from tests.probes.test_probes import FAMILIES, probe, save_family
+from tests.support.probes import FAMILIES, probe, save_family
 
 
 def _by_loop(routes, margin, entropy, experts, layer):

@@ -8,8 +8,7 @@ import torch
 from moestab.analysis.saturation import router_saturation
 from moestab.analysis.synthetic import synthetic_routes
 from moestab.probes.collect import record_batches
-
-from .naive import decision_overlaps
+from tests.support.naive import decision_overlaps
 
 
 def test_saturation_against_itself_is_one():

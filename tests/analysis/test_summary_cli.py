@@ -11,9 +11,8 @@ import pytest
 from moestab.analysis.summary import SUMMARY_COLUMNS, SUMMARY_KEYS, run_summary, summarize_runs
 from moestab.records import schema
 from moestab.records.errors import NotARunError, RunFileError, SchemaVersionError
-
-from .conftest import write_run
-from .naive import volatility_metrics
+from tests.support.naive import volatility_metrics
+from tests.support.runs import write_run
 
 
 def step_clip(cols) -> tuple[float, float]:

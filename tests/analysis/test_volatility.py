@@ -8,8 +8,7 @@ import pytest
 
 from moestab.analysis import volatility as V
 from moestab.analysis.synthetic import synthetic_routes
-
-from .naive import decision_overlaps, volatility_metrics
+from tests.support.naive import decision_overlaps, volatility_metrics
 
 METRICS = ["changed", "router_flip", "jaccard_distance", "token_flip", "routers_flipped_per_token"]
 

@@ -9,22 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "moestab" / "dashboard" / "app.py"
-"""The packaged entry script (what ``moestab dashboard`` runs); tests/dashboard/test_serve.py also runs the checkout's
-``dashboard/app.py``, which runs this one."""
-COMPARE_PAGE = "app_pages/compare.py"
-"""The first page (the app opens on it)."""
-PAGES = {  # page file -> title it shows
-    COMPARE_PAGE: "Compare",
-    "app_pages/runs.py": "Runs",
-    "app_pages/training.py": "Training",
-    "app_pages/volatility.py": "Routing volatility",
-    "app_pages/ratios.py": "Ratios",
-    "app_pages/attribution.py": "Attribution",
-    "app_pages/experts.py": "Experts",
-    "app_pages/probes.py": "Probes",
-}
+from tests.support.dashboard import APP
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +17,7 @@ def trained_runs(tmp_path_factory) -> Path:
     """A runs folder with two finished 6-step runs of the tiny task: replay off and R2 (``old``, with
     ``routing_share``)."""
     from moestab.train import train
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     cache = tmp_path_factory.mktemp("moestab-cache")
     root = tmp_path_factory.mktemp("runs")
@@ -54,7 +39,7 @@ def algo_seed_runs(tmp_path_factory) -> Path:
     GRPO for 4 steps and GSPO for 5, every step measured: the runs a "GRPO against GSPO, by how much" question
     compares (about 3 s each)."""
     from moestab.train import train
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     cache = tmp_path_factory.mktemp("moestab-cache")
     root = tmp_path_factory.mktemp("algo-seed-runs")

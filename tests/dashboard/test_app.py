@@ -14,30 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.conftest import COMPARE_PAGE, PAGES
-from tests.dashboard.shown import assert_interactive_with_csv, chart_alts
-
-RUNS_PAGE = "app_pages/runs.py"
-PROBES_PAGE = "app_pages/probes.py"  # reads probe folders, not runs (tests/dashboard/test_probes_page.py)
-
-
-def open_page(at, page: str):
-    """Run the app (it opens on the Compare page) and go to ``page``."""
-    at.run()
-    if page != COMPARE_PAGE:
-        at.switch_page(page).run()
-    return at
-
-
-def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
-
-
-def assert_clean(at) -> None:
-    assert not at.exception, texts(at.exception)
-    assert not at.error, texts(at.error)
-    assert not at.warning, texts(at.warning)
-
+from tests.support.dashboard import (
+    COMPARE_PAGE,
+    PAGES,
+    PROBES_PAGE,
+    RUNS_PAGE,
+    assert_clean,
+    assert_interactive_with_csv,
+    chart_alts,
+    open_page,
+    texts,
+)
 
 # Charts each page must show for the two real runs (substrings of the charts' accessible names).
 EXPECTED_CHARTS = {
@@ -318,7 +305,7 @@ def test_misspelt_runs_variable_is_reported_as_ignored(
 
 
 def test_a_run_whose_steps_repeat_is_shown_damaged_not_finished(make_app, tmp_path: Path) -> None:
-    from tests.analysis.conftest import write_run
+    from tests.support.runs import write_run
 
     good, mixed = write_run(tmp_path, "good"), write_run(tmp_path, "mixed")
     lines = (mixed.path / "metrics.jsonl").read_text().splitlines()[:2]

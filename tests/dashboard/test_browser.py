@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from moestab.analysis.compare import DEFAULT_KEYS
-from tests.dashboard.shown import T_975_DF1, shown_number
+from tests.support.dashboard import T_975_DF1, shown_number
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright

@@ -19,8 +19,7 @@ from moestab.analysis.dashboard_data import run_coactivation, shared_histograms
 from moestab.analysis.experts import metrics_load, metrics_per_layer
 from moestab.analysis.ratios import clip_fractions
 from moestab.records import schema
-from tests.dashboard.shown import Chart, chart_named
-from tests.dashboard.test_app import assert_clean, open_page
+from tests.support.dashboard import Chart, assert_clean, chart_named, open_page
 
 pytestmark = pytest.mark.slow
 RUNS = ("gspo-off", "gspo-r2")

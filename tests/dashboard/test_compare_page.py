@@ -22,16 +22,17 @@ import pytest
 from moestab.analysis.compare import DEFAULT_KEYS
 from moestab.recording.diagnostics import DiagnosticsRun
 from moestab.records import schema
-from tests.dashboard.conftest import COMPARE_PAGE
-from tests.dashboard.shown import (
+from tests.support.dashboard import (
+    COMPARE_PAGE,
+    RUNS_PAGE,
     T_975_DF1,
     assert_interactive_with_csv,
     chart_alts,
     chart_named,
     charts_on,
     shown_number,
+    texts,
 )
-from tests.dashboard.test_app import RUNS_PAGE, texts
 
 CHANGED = "routing/old_new/changed"
 MEAN_BY_GROUP = "against step, mean ± sd by group"

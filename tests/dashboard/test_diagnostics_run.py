@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.dashboard.conftest import COMPARE_PAGE, PAGES
-from tests.dashboard.shown import chart_alts
-from tests.recording.test_diagnostics import write_run
+from tests.support.dashboard import COMPARE_PAGE, PAGES, chart_alts
+from tests.support.runs import diagnostics_run
 
 
 def test_every_page_renders_a_diagnostics_run(make_app, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    write_run(runs / "verl-r3")
+    diagnostics_run(runs / "verl-r3")
     at = make_app(runs).run()
     alts = []
     for page in PAGES:

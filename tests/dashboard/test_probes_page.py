@@ -13,9 +13,15 @@ import pytest
 from moestab.cli import main
 from moestab.probes import ProbeResult, read_probe_folder, write_probe_folder
 from moestab.probes.views import flip_rate_by_margin, router_flip_by_layer, saturation_top1_grid
-from tests.dashboard.shown import assert_interactive_with_csv, chart_alts, chart_named
-from tests.dashboard.test_app import PROBES_PAGE, assert_clean, texts
-from tests.probes.test_probes import probe, save_family
+from tests.support.dashboard import (
+    PROBES_PAGE,
+    assert_clean,
+    assert_interactive_with_csv,
+    chart_alts,
+    chart_named,
+    texts,
+)
+from tests.support.probes import probe, save_family
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.conftest import REPO
+from tests.support.dashboard import REPO
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed")
 

@@ -8,8 +8,7 @@ import pytest
 
 from moestab.experiments import controlled
 from moestab.experiments.controlled import Plan, PreregistrationError
-
-from ..train.helpers import REWARD
+from tests.support.train import REWARD
 
 # Every reward 0: advantages are 0, the policy barely moves (weight decay only), so every run is stable and the
 # scan's choice is known in advance: the largest lr.

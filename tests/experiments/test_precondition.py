@@ -8,8 +8,7 @@ import pytest
 from moestab.experiments import precondition as pre
 from moestab.experiments.registration import RegistrationError
 from moestab.experiments.stability import run_stability
-
-from ..train.helpers import REWARD
+from tests.support.train import REWARD
 
 # Every reward 0: advantages are 0, the policy moves by weight decay only, so the control is stable on every seed.
 TINY = {"prompts_per_step": 4, "group_size": 4, "minibatches": 2, "eval_size": 8, "save_every": 1,

@@ -20,16 +20,7 @@ import pytest
 import torch
 
 from moestab.integrations.routes_in import IMPORTERS, PayloadError, import_routes, importer, to_megatron
-
-PROMPTS, RESPONSES, LAYERS, TOP_K, EXPERTS = (3, 2), (2, 3), 2, 2, 4
-
-
-def known_rows(seed: int = 0) -> list[np.ndarray]:
-    """Each sequence's routes at its own input positions ``[p + r - 1, layers, top_k]``: distinct experts per
-    decision (a random permutation's first top_k)."""
-    gen = np.random.default_rng(seed)
-    return [np.stack([[gen.permutation(EXPERTS)[:TOP_K] for _ in range(LAYERS)] for _ in range(p + r - 1)])
-            for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+from tests.support.route_payloads import EXPERTS, LAYERS, PROMPTS, RESPONSES, TOP_K, known_rows, verl_batch
 
 
 def naive_layout(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -191,27 +182,6 @@ def test_sglang_bad_payloads_name_the_field_and_shape():
     responses[1]["meta_info"]["routed_experts"] = "not base64!"
     with pytest.raises(PayloadError, match=r"responses\[1\]\.meta_info\.routed_experts is not valid base64"):
         import_routes("sglang", responses, num_experts=EXPERTS, num_layers=LAYERS, top_k=TOP_K)
-
-
-# ---- verl -------------------------------------------------------------------------------------------------------
-def verl_batch(rows, *, uint8_bytes: bool = False) -> dict[str, torch.Tensor]:
-    """verl's DataProto tensors: ``routed_experts`` ``[batch, P + R, layers, top_k]`` with prompts left-padded and
-    zero padding (the agent loop's layout), ``responses``, ``attention_mask``, ``response_mask``, log-probs."""
-    P, R = max(PROMPTS), max(RESPONSES)
-    routed = torch.zeros(len(rows), P + R, LAYERS, TOP_K, dtype=torch.int16)
-    attention = torch.zeros(len(rows), P + R, dtype=torch.long)
-    response_mask = torch.zeros(len(rows), R, dtype=torch.long)
-    for i, (seq, p, r) in enumerate(zip(rows, PROMPTS, RESPONSES, strict=True)):
-        routed[i, P - p : P - p + seq.shape[0]] = torch.from_numpy(seq.astype(np.int16))
-        attention[i, P - p : P + r] = 1
-        response_mask[i, :r] = 1
-    if uint8_bytes:
-        routed = routed.view(torch.uint8)  # verl 0.9's transport view: [..., 2 * top_k]
-    gen = torch.Generator().manual_seed(0)
-    return {"routed_experts": routed, "responses": torch.zeros(len(rows), R, dtype=torch.long),
-            "attention_mask": attention, "response_mask": response_mask,
-            "rollout_log_probs": -torch.rand(len(rows), R, generator=gen),
-            "old_log_probs": -torch.rand(len(rows), R, generator=gen)}
 
 
 def test_verl_layout_padding_and_the_uint8_byte_view():

@@ -25,7 +25,6 @@ pytest.importorskip("trl")
 
 from datasets import Dataset  # TRL's own dependency
 from transformers import AutoModelForCausalLM
-from trl import GRPOConfig
 
 from moestab.cli import main as cli_main
 from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
@@ -41,12 +40,10 @@ from moestab.recording.trackers import PREFIX, scalars
 from moestab.records import schema
 from moestab.records.reader import list_token_files, load_metrics, read_routes, read_run_info
 from moestab.routing import RecordingError, RoutingRecorder
-from tests.records.tables import token_frame
-from tests.train.test_records import TOKEN_COLUMNS  # the columns of a moestab run's tables
+from tests.support.tables import TOKEN_COLUMNS, token_frame
+from tests.support.trl import LAYERS, PROMPTS, TOP_K, grpo_args, moestab_hooks, reward
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = ["12+34=", "5+7=", "40+2=", "9+9=", "31+11=", "3+4=", "8+1=", "20+20="]
-TOP_K, LAYERS = 2, 2
 ROUTE_METRICS = ["routing/old_new/changed", "routing/old_new/router_flip", "routing/old_new/token_flip",
                  "routing/old_new/changed_by_layer", "routing/update_old/changed_by_minibatch",
                  "routing/rollout_old_free/router_flip", "mismatch/rollout_old_free/k3", "ratio/token_log_var",
@@ -75,21 +72,6 @@ def readme_configs() -> dict[str, dict[str, object]]:
             for node in tree.body if isinstance(node, ast.Assign)}
 
 
-def reward(completions: list[str], **_: object) -> list[float]:
-    """Toy reward with spread inside a group: the share of digits in the completion."""
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
-def grpo_args(out: Path, **overrides: object) -> GRPOConfig:
-    """16 sequences per generation (4 prompts x 4), 2 micro-batches of 8, 3 generation batches by default."""
-    settings = {"output_dir": str(out), "use_cpu": True, "bf16": False, "report_to": "none", "disable_tqdm": True,
-                "save_strategy": "no", "logging_steps": 1, "seed": 0, "per_device_train_batch_size": 8,
-                "num_generations": 4, "gradient_accumulation_steps": 1, "steps_per_generation": 2,
-                "max_completion_length": 6, "learning_rate": 1e-2, "loss_type": "grpo", "epsilon": 0.05,
-                "max_steps": 6}
-    return GRPOConfig(**{**settings, **overrides})
-
-
 def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, **overrides: object):
     """README's snippet on ``model`` with the run folder ``root / "run"``; returns its trainer."""
     env = {"model": model, "tokenizer": tokenizer, "reward": reward_funcs, "run_dir": root / "run",
@@ -102,12 +84,6 @@ def train_with_records(root: Path, **overrides: object) -> tuple[Path, object]:
     """README's snippet on the embedded policy (2 layers); returns the run folder and the trainer."""
     model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
     return root / "run", run_snippet(root, model, tokenizer, **overrides)
-
-
-def moestab_hooks(model) -> int:
-    """Forward hooks of moestab's still on ``model`` (transformers and TRL install their own during training)."""
-    hooks = [h for m in model.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())]
-    return sum(getattr(h, "__module__", "").startswith("moestab.") for h in hooks)
 
 
 @pytest.fixture(scope="module", params=["token", "sequence"])

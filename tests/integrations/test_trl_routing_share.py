@@ -29,8 +29,7 @@ from moestab.recording.trackers import PREFIX
 from moestab.records import schema
 from moestab.records.reader import list_token_files
 from moestab.routing import RoutingRecorder, RoutingReplay
-
-from .test_trl_callback import LAYERS, PROMPTS, grpo_args, moestab_hooks, reward
+from tests.support.trl import LAYERS, PROMPTS, grpo_args, moestab_hooks, reward
 
 SPEC = EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64)
 NEW = "routing_share/"

@@ -17,8 +17,7 @@ from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.models import EmbeddedModelSpec, build_embedded_policy
 from moestab.recording.trackers import PREFIX, scalars
 from moestab.records import schema
-
-from .test_trl_callback import LAYERS, PROMPTS, grpo_args, reward
+from tests.support.trl import LAYERS, PROMPTS, grpo_args, reward
 
 
 class Tracker(TrainerCallback):

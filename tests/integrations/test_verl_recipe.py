@@ -16,7 +16,7 @@ from moestab.integrations.routes_in import PayloadError
 from moestab.integrations.verl import MissingLogProbsWarning, route_metrics
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
 from moestab.records import schema
-from tests.integrations.test_routes_in import EXPERTS, RESPONSES, TOP_K, known_rows, verl_batch
+from tests.support.route_payloads import EXPERTS, RESPONSES, TOP_K, known_rows, verl_batch
 
 
 def batch_with_actor_routes() -> tuple[dict[str, torch.Tensor], np.ndarray, np.ndarray]:

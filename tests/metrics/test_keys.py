@@ -17,7 +17,7 @@ from moestab.recording import step_metrics as recording
 from moestab.recording.recorder import metrics_line
 from moestab.records import schema
 from moestab.train import train
-from tests.train.helpers import tiny_config
+from tests.support.train import tiny_config
 
 KINDS = (keys.FLOAT, keys.INT, keys.PER_LAYER, keys.PER_MINIBATCH, keys.PER_LAYER_EXPERT)
 
@@ -82,7 +82,7 @@ def test_a_real_run_writes_exactly_the_tables_keys_for_its_settings(name, tmp_pa
 
 def test_adding_a_metric_is_one_function_and_one_row(monkeypatch):
     from moestab.train.rollout import HFRolloutEngine
-    from tests.train.helpers import one_grpo_step
+    from tests.support.train import one_grpo_step
 
     *_, tensors = one_grpo_step("off", HFRolloutEngine)
     before = recording.step_metrics(tensors, replay="off")
@@ -111,7 +111,7 @@ def test_adding_a_metric_is_one_function_and_one_row(monkeypatch):
 
 @pytest.mark.parametrize("algo", sorted(rl.PRESETS))
 def test_every_objectives_logged_diagnostics_are_declared(algo):
-    from tests.rl.helpers import random_batch
+    from tests.support.rl import random_batch
 
     preset = rl.get_preset(algo)
     batch = random_batch(0, 4, 6)

@@ -17,7 +17,7 @@ from moestab import rl
 from moestab.analysis.ratios import sequence_log_s
 from moestab.metrics.clipping import clipped_fraction
 from moestab.metrics.ratios import clip_fractions, sequence_log_ratios
-from tests.rl.helpers import random_batch
+from tests.support.rl import random_batch
 
 
 def flat(batch: dict[str, torch.Tensor], per_token: torch.Tensor) -> np.ndarray:

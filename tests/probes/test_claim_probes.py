@@ -13,7 +13,7 @@ from moestab.probes.depth import DEPTH_COLUMNS, depth
 from moestab.probes.one_step import StepRecipe, one_step
 from moestab.probes.saturation import saturation, saturation_pairs
 from moestab.tasks import task_from_spec
-from tests.train.helpers import TASK
+from tests.support.train import TASK
 
 
 @pytest.fixture(scope="module")

@@ -9,32 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from moestab.cli import main
-from moestab.models.families import tiny_config
 from moestab.models.tokenizer import build_char_tokenizer
-from moestab.probes import ProbeSettings, load_suite, read_probe_folder, run_probe
-from moestab.probes.checkpoints import resolve_checkpoints
+from moestab.probes import load_suite, read_probe_folder
 from moestab.probes.collect import collect
 from moestab.probes.compare import compare_records
-
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3"]
-
-
-def save_family(path, family: str, seed: int = 0, **config) -> str:
-    """A plain ``save_pretrained`` folder (no moestab run) of a tiny model of ``family``."""
-    torch.manual_seed(seed)
-    tokenizer = build_char_tokenizer()
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size=len(tokenizer), **config))
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-def probe(name: str, paths: list[str], suite: str = "general", count: int = 12, **settings):
-    checkpoints = [c for p in paths for c in resolve_checkpoints([p])]
-    return run_probe(name, checkpoints, load_suite(suite, count), ProbeSettings(**settings))
+from tests.support.probes import FAMILIES, probe, save_family
 
 
 @pytest.mark.parametrize("family", FAMILIES)

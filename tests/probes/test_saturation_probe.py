@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from moestab.train import train
-from tests.train.helpers import tiny_config
+from tests.support.train import tiny_config
 
 PROBE = str(Path(__file__).resolve().parents[2] / "probes" / "saturation.py")
 

@@ -28,7 +28,7 @@ from moestab.train import train
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, run_step, step_examples, step_seed
-from tests.train.helpers import REWARD, TASK, tiny_config
+from tests.support.train import REWARD, TASK, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"prompts": 4, "group_size": 4}  # a 16-sequence rollout: minibatch counts 1, 2, 4, 8, 16 divide it

@@ -20,6 +20,7 @@ from moestab.metrics.mismatch import mismatch_spread
 from moestab.metrics.routes import intersection_sizes, route_change, route_change_of
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
 from moestab.records import schema
+from tests.support.runs import diagnostics_run
 
 PAIR = "rollout_old_free"
 
@@ -199,19 +200,8 @@ def test_a_diagnostics_run_writes_only_numbers_of_the_tables_shapes(tmp_path):
     assert [json.loads(line)["routing/rollout_old/changed"] for line in lines] == [0.25]  # nothing else written
 
 
-def write_run(path, steps: int = 3, **options):
-    a, b = synthetic_routes(200, 4, 2, 8, flip=0.2, reorder=0.1, seed=7)
-    gen = np.random.default_rng(0)
-    logp = -gen.random(200) - 0.2  # [tokens] at most -0.2: the trainer's side below, 0.05 per step above, stays < 0
-    with DiagnosticsRun(path, trainer="verl", replay="rollout", layers=range(4), num_experts=8, top_k=2,
-                        steps=steps, **options) as run:
-        for step in range(1, steps + 1):
-            run.log(step, route_diagnostics(a, b, logp_rollout=logp, logp_trainer=logp + 0.05 * step, aliases=True))
-    return a, b
-
-
 def test_a_diagnostics_run_is_a_run_that_analyze_reads(tmp_path):
-    a, b = write_run(tmp_path / "run")
+    a, b = diagnostics_run(tmp_path / "run")
     lines = [json.loads(x) for x in (tmp_path / "run" / schema.METRICS_JSONL).read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert all(set(line) <= set(keys.KEYS) for line in lines)  # aliases stay out of metrics.jsonl
@@ -228,10 +218,10 @@ def test_a_diagnostics_run_is_a_run_that_analyze_reads(tmp_path):
 
 
 def test_a_diagnostics_run_refuses_a_used_folder_and_steps_that_do_not_increase(tmp_path):
-    write_run(tmp_path / "run", steps=1)
+    diagnostics_run(tmp_path / "run", steps=1)
     with pytest.raises(Exception, match=r"already holds a run .*overwrite=True"):
-        write_run(tmp_path / "run", steps=1)
-    write_run(tmp_path / "run", steps=2, overwrite=True)
+        diagnostics_run(tmp_path / "run", steps=1)
+    diagnostics_run(tmp_path / "run", steps=2, overwrite=True)
     run = DiagnosticsRun(tmp_path / "other", trainer="x", layers=[0], num_experts=4, top_k=2)
     with pytest.raises(RuntimeError, match="open"):
         run.log(1, {})

@@ -7,50 +7,20 @@ same rules through ``moestab train`` are tests/train/test_run_control.py and tes
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import re
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from moestab.records import Remedies, RunFolder, RunFolderError, schema
 from moestab.records.errors import NotARunError, RunFileError
 from moestab.records.folder import kept_note
 from moestab.records.lock import lock_path, run_lock
-from moestab.records.run_info import ModelInfo
 from moestab.records.writer import RunWriter
+from tests.support.runs import MODEL, a_run
 
-MODEL = ModelInfo(family="qwen3_moe", moe_layers=(0, 1), num_experts=8, top_k=2, recorded_layers=(0, 1))
 TRL = Remedies(folder="run_dir", overwrite="RecordSettings(..., overwrite=True)", resume=None)
-
-
-def a_run(path, *, status: str = schema.STATUS_FINISHED, last_step: int = 1, checkpoints=()) -> RunFolder:
-    """A run folder with run.json ``status`` and a complete checkpoint of each step in ``checkpoints``."""
-    writer = RunWriter(path)
-    config = {"algo": "gspo", "routing_replay": "off", "model": "embedded", "steps": 3}
-    writer.start(config=config, model=MODEL, environment={}, config_yaml="steps: 3\n")
-    writer.update(status=status, last_step=last_step)
-    folder = RunFolder(path)
-    for step in checkpoints:
-        folder.save_checkpoint(step, training_state(step), whole_model_folder, weights_bytes=0)
-    return folder
-
-
-def training_state(step: int) -> bytes:
-    """What ``torch.save`` makes of a training state: a zip archive with its data.pkl."""
-    buffer = io.BytesIO()
-    torch.save({"step": step, "optimizer": {"state": {}, "param_groups": []}, "loop": {}}, buffer)
-    return buffer.getvalue()
-
-
-def whole_model_folder(tmp) -> None:
-    """A checkpoint's model folder as ``save_pretrained`` leaves it: config.json and a whole safetensors file."""
-    tmp.mkdir()
-    (tmp / "config.json").write_text("{}")
-    save_file({"w": torch.ones(2, 3)}, tmp / "model.safetensors")
 
 
 def test_the_layout_is_the_schemas(tmp_path):

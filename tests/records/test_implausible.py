@@ -16,7 +16,7 @@ from moestab.analysis.volatility import run_volatility
 from moestab.records import schema
 from moestab.records.errors import RunFileError
 from moestab.records.reader import load_metrics, read_run_info
-from tests.analysis.conftest import write_run
+from tests.support.runs import write_run
 
 
 def plant_expert_id(run, step: int, row: int, value: int) -> None:

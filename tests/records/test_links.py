@@ -18,7 +18,7 @@ from moestab.records.files import atomic_write_text, created, open_append
 from moestab.records.folder import replace_folder
 from moestab.records.lock import run_lock
 from moestab.records.writer import RunWriter
-from tests.records.test_folder import a_run
+from tests.support.runs import a_run
 
 PRECIOUS = b"the user's own file\n"
 

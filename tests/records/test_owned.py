@@ -9,7 +9,7 @@ from pathlib import Path
 
 from moestab.records import schema
 from moestab.records.owned import owner
-from tests.records.test_folder import a_run
+from tests.support.runs import a_run
 
 
 def a_model_folder(path: Path) -> Path:

@@ -11,7 +11,7 @@ import pytest
 from moestab.records import reader as L
 from moestab.records import schema
 from moestab.records.errors import NotARunError, RunFileError, SchemaVersionError
-from tests.analysis.conftest import write_run
+from tests.support.runs import write_run
 
 
 @pytest.fixture
@@ -196,7 +196,7 @@ def test_missing_column_is_named(fake_run):
 
 def test_malformed_route_column_skips_the_file(fake_run):
     from moestab.analysis.volatility import run_volatility, volatility_table
-    from tests.analysis.naive import volatility_metrics
+    from tests.support.naive import volatility_metrics
 
     path = fake_run.path / schema.tokens_file(2)
     table = pq.read_table(path)

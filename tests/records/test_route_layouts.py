@@ -37,7 +37,7 @@ from moestab.records.run_info import ModelInfo, RunInfo, read_run_info
 from moestab.records.writer import RunWriter
 from moestab.routing import Routes
 from moestab.tasks import Example
-from tests.records.tables import token_frame
+from tests.support.tables import token_frame
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

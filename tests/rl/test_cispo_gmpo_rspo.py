@@ -16,7 +16,7 @@ from moestab.rl import (
     router_shift_weights,
     rspo_loss,
 )
-from tests.rl.helpers import grad_of, random_batch
+from tests.support.rl import grad_of, random_batch
 
 F64 = torch.float64
 LN = math.log

@@ -23,7 +23,7 @@ from moestab.rl import (
     token_ratios,
 )
 from moestab.rl.metrics import ClipFlags
-from tests.rl.helpers import grad_of, random_batch
+from tests.support.rl import grad_of, random_batch
 
 BUILT_IN = {"cispo", "gmpo", "ppo-clip", "rspo"}
 TOL = {"rtol": 1e-12, "atol": 1e-14}
@@ -149,7 +149,7 @@ def test_a_loss_setting_must_be_a_preset_field():
 @pytest.mark.parametrize("algo", ["gmpo", "grpo"])
 def test_train_config_reads_the_declared_clip_space(tmp_path, algo):
     from moestab.configs import ConfigError
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     def config():
         return tiny_config(tmp_path / "run", tmp_path / "cache", algo=algo, clip_low=1.5)

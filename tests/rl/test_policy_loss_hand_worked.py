@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moestab.rl import compute_clipped_mask, policy_loss
-from tests.rl.helpers import grad_of
+from tests.support.rl import grad_of
 
 F64 = torch.float64
 LN = math.log

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moestab.rl import compute_loss_parts, policy_loss
-from tests.rl.helpers import grad_of, random_batch
+from tests.support.rl import grad_of, random_batch
 
 F64 = torch.float64
 TOL = {"rtol": 1e-12, "atol": 1e-14}

@@ -20,7 +20,7 @@ from moestab.rl import (
     get_preset,
     policy_loss,
 )
-from tests.rl.helpers import random_batch
+from tests.support.rl import random_batch
 
 
 def test_unknown_loss_lists_valid_names():

@@ -25,7 +25,7 @@ def test_overlong_cache_must_fit_the_budget(cache):
 
 
 def test_dapo_preset_carries_the_papers_fraction_and_the_config_resolves_it(tmp_path):
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     assert get_preset("dapo").overlong_cache_fraction == pytest.approx(4096 / 20480)
     assert all(get_preset(n).overlong_cache_fraction is None for n in ("grpo", "gspo", "cispo"))
@@ -41,7 +41,7 @@ def test_dapo_preset_carries_the_papers_fraction_and_the_config_resolves_it(tmp_
 def test_dapo_run_shapes_its_rewards(tmp_path):
     from moestab.records import schema
     from moestab.train import train
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     # max_new_tokens 8 with overlong_cache 4: responses longer than 4 tokens are penalised
     run = tmp_path / "run"

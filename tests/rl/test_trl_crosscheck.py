@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from moestab.rl import compute_loss_parts
-from tests.rl.helpers import grad_of, random_batch
+from tests.support.rl import grad_of, random_batch
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 

@@ -1,8 +1,7 @@
 import pytest
 
 from moestab.models.families import CORE_FAMILIES
-
-from .helpers import make_model
+from tests.support.routing import make_model
 
 
 @pytest.fixture(params=sorted(CORE_FAMILIES))

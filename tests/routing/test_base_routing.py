@@ -7,8 +7,7 @@ import torch
 from moestab.recording.batch import position_ids_from_mask
 from moestab.routing import RoutesMismatchError, RoutingRecorder, RoutingReplay
 from moestab.routing.base_routing import BaseRouting
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 
 def _pair(family: str):

@@ -17,8 +17,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from moestab.models.families import CORE_FAMILIES
 from moestab.routing import Routes, RoutesMismatchError, RoutingRecorder, RoutingReplay, find_routers
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 # Every family computes its gates in float32 (or in the model's dtype) and float32 holds them exactly,
 # except GPT-OSS in a float64 model: its softmax runs in float64, and float32 rounds each gate by up to

@@ -6,8 +6,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from moestab.models import build_embedded_policy
 from moestab.routing import NotAnMoEModelError, RoutingRecorder, find_routers
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 
 def test_generate_routes_equal_teacher_forced_routes():

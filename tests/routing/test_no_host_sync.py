@@ -17,8 +17,7 @@ import torch
 
 from moestab.routing import RoutesMismatchError, RoutingRecorder, RoutingReplay
 from moestab.routing.host_sync import describe, find_host_syncs
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 
 def _forward(model, ids, mask, *, grad: bool = False):

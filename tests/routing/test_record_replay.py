@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from moestab.routing import RoutesMismatchError, RoutingRecorder, RoutingReplay, find_routers
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 
 def reference_top_k(family: str, site, logits: torch.Tensor) -> torch.Tensor:

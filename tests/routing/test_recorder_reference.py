@@ -23,8 +23,7 @@ from moestab.models import build_embedded_policy
 from moestab.routing import Routes, RoutingRecorder, find_routers
 from moestab.routing.adapters import adapter_for
 from moestab.routing.forward_call import read_forward_call
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 FLOATS = ("margin", "entropy", "confidence", "router_logprobs", "slot_scores", "gates")
 EVERYTHING = {"margin": True, "entropy": True, "router_logprobs": True, "slot_scores": True, "gates": True}

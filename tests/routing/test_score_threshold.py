@@ -8,8 +8,7 @@ import torch
 
 from moestab.routing import RoutingRecorder, RoutingReplay, find_routers
 from moestab.routing.threshold import router_scores, threshold_routes
-
-from .helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 
 def naive(scores: list[list[float]], own: list[list[int]], forced: list[list[int]], ratio: float):

@@ -15,8 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from moestab.models.families import CORE_FAMILIES, tiny_config
 from moestab.routing import RoutingRecorder, find_routers
-
-from .helpers import batch
+from tests.support.routing import batch
 
 EXPERTS, TOP_K = 16, 4
 

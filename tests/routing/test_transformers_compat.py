@@ -96,7 +96,7 @@ def test_incompatible_is_a_recording_error():
 def test_train_refuses_an_incompatible_transformers_before_writing_the_run(monkeypatch, tmp_path):
     from moestab.records import schema
     from moestab.train import TrainingError, train
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     monkeypatch.setattr(forward_call_module, "find_cache", lambda kwargs: None)
     config = tiny_config(tmp_path / "run", tmp_path / "cache")
@@ -110,7 +110,7 @@ def test_train_refuses_an_incompatible_transformers_for_a_given_model_folder(mon
     from moestab.models.embedded import save_policy
     from moestab.records import schema
     from moestab.train import TrainingError, train
-    from tests.train.helpers import tiny_config
+    from tests.support.train import tiny_config
 
     folder = save_policy(*build_embedded_policy(), tmp_path / "model")  # a model given by path: no warm start
     monkeypatch.setattr(forward_call_module, "find_cache", lambda kwargs: None)

@@ -1,6 +1,6 @@
 """Multi-process training (FSDP2 over gloo, 2 CPU processes) against one process on the same data.
 
-The rollout engine of these runs (tests/train/distributed_engines.py) samples every sequence from its own prompt's
+The rollout engine of these runs (tests/support/distributed_engines.py) samples every sequence from its own prompt's
 seed, so a one-process and a two-process run see the same rollouts; everything after that (advantages, minibatch
 split, losses, gradients, metrics, records) must then agree up to float summation order.
 """
@@ -29,11 +29,10 @@ from moestab.records.run_info import read_run_info
 from moestab.train import train
 from moestab.train.distributed import World, local_chunks
 from moestab.train.launch import torchrun_command
+from tests.support.distributed_engines import PerPromptEngine
+from tests.support.train import tiny_config
 
-from .distributed_engines import PerPromptEngine
-from .helpers import tiny_config
-
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = Path(__file__).parents[1] / "support" / "dist_worker.py"
 
 # Keys that differ by design: wall times, and (for the record) nothing else.
 TIMES = ("time/step_s", "time/rollout_s", "time/update_s")
@@ -76,7 +75,7 @@ CASES = {
     "dapo": ("dapo", "off", 4, {"dynamic_sampling": False}),  # token-mean: each rank's share is its token count
     # DAPO's dynamic sampling: groups without signal (prompts starting 0-4) dropped, more drawn, the whole step's
     # groups kept in one process's order and handed out in blocks
-    "dapo-dynamic-sampling": ("dapo", "off", 4, {"task": "arithmetic:reward=tests/train/rewards.py:"
+    "dapo-dynamic-sampling": ("dapo", "off", 4, {"task": "arithmetic:reward=tests/support/rewards.py:"
                                                          "low_first_digit_is_free"}),
     "dr-grpo": ("dr-grpo", "off", 4, {}),  # Dr. GRPO's constant over the global minibatch
     # every minibatch lies on one rank: the other runs a stand-in (for routing's share's replayed forward too)
@@ -172,7 +171,7 @@ def test_cli_launches_the_processes_and_refuses_bad_counts_before_writing(tmp_pa
     out = tmp_path / "run"
     flags = ["--steps", "1", "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2", "--eval-size", "8",
              "--warm-start-max-steps", "0", "--cache-dir", str(cache_dir), "--no-progress", "--out", str(out),
-             "--task", "arithmetic:reward=tests/train/rewards.py:length_parity"]
+             "--task", "arithmetic:reward=tests/support/rewards.py:length_parity"]
     assert main(["train", "--nproc", "3", *flags]) == 2
     assert "nproc=3 does not divide prompts_per_step=4" in capsys.readouterr().err and not out.exists()
     assert main(["train", "--nproc", "2", *flags]) == 0
@@ -192,7 +191,7 @@ def _cli(tmp_path, cache_dir, *flags: str) -> list[str]:
 
 @pytest.mark.slow
 def test_an_error_on_one_rank_is_printed_by_that_rank(tmp_path, cache_dir):
-    task = "arithmetic:reward=tests/train/rewards.py:fails_on_rank_1"
+    task = "arithmetic:reward=tests/support/rewards.py:fails_on_rank_1"
     done = subprocess.run(_cli(tmp_path, cache_dir, "--steps", "2", "--task", task), capture_output=True, text=True,
                           timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode != 0
@@ -203,7 +202,7 @@ def test_an_error_on_one_rank_is_printed_by_that_rank(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_sigterm_lets_every_process_finish_its_step_and_save(tmp_path, cache_dir):
-    task = "arithmetic:reward=tests/train/rewards.py:length_parity"
+    task = "arithmetic:reward=tests/support/rewards.py:length_parity"
     command = _cli(tmp_path, cache_dir, "--steps", "500", "--task", task, "--max-zero-advantage-steps", "0")
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -11,8 +11,7 @@ from moestab.models import build_embedded_policy
 from moestab.tasks import task_from_spec
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, run_step
-
-from .helpers import REWARD
+from tests.support.train import REWARD
 
 TASK = f"arithmetic:reward={REWARD}:low_first_digit_is_free"
 G = 4

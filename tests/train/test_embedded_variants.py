@@ -10,8 +10,7 @@ from moestab.models import EmbeddedModelSpec, parse_model_spec
 from moestab.records import schema
 from moestab.records.reader import read_routes
 from moestab.train import train
-
-from .helpers import tiny_config
+from tests.support.train import tiny_config
 
 
 def test_spec_parses_with_defaults_for_unset_keys():

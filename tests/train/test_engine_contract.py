@@ -12,8 +12,7 @@ from moestab.routing import RoutingRecorder, find_routers
 from moestab.train.engine import ContractError, check_rollout_batch, engine_factory
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.vllm_engine import VLLMRolloutEngine, require_vllm, routes_from_vllm
-
-from .reference_engines import FakeVLLM, ReferenceEngine, fake_vllm_module
+from tests.support.reference_engines import FakeVLLM, ReferenceEngine, fake_vllm_module
 
 PROMPTS = ["12+34=", "5+6=", "100-7=", "9+9="]
 

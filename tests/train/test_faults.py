@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 from moestab.records import schema
-
-from .helpers import TASK
+from tests.support.train import TASK
 
 pytestmark = pytest.mark.slow
 
@@ -357,9 +356,9 @@ def test_truncated_weights_name_the_file(tmp_path, cache):
 
 
 def test_a_wrongly_shaped_weight_is_named_without_a_traceback(tmp_path, cache):
-    from tests.test_bad_input import _damaged_model
+    from tests.support.models import damaged_model
 
-    done = cli("--model", _damaged_model(tmp_path, "shape"), "--out", "run", cwd=tmp_path, cache=cache)
+    done = cli("--model", damaged_model(tmp_path, "shape"), "--out", "run", cwd=tmp_path, cache=cache)
     assert done.returncode == 2 and "cannot load model" in done.stderr and "Traceback" not in done.stderr
     assert "model.layers.0.mlp.gate.weight | MISMATCH" in done.stderr  # transformers' report names the weight
     assert not (tmp_path / "run").exists()

@@ -10,8 +10,7 @@ from moestab.records import schema
 from moestab.tasks import Example
 from moestab.train import train
 from moestab.train.history import SolvedPrompts
-
-from .helpers import REWARD, tiny_config
+from tests.support.train import REWARD, tiny_config
 
 
 def ex(prompt: str) -> Example:

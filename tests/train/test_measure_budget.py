@@ -26,8 +26,7 @@ from moestab.records.reader import load_metrics, load_tokens, read_run_info
 from moestab.routing import RoutingRecorder
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
-
-from .helpers import one_grpo_step, tiny_config
+from tests.support.train import one_grpo_step, tiny_config
 
 CHANGED = keys.ROUTING_CHANGED.format(pair="old_new")
 

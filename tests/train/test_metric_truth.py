@@ -18,10 +18,9 @@ from moestab.analysis.attribution import run_attribution
 from moestab.cli import main
 from moestab.records import schema
 from moestab.train import train
-from tests.records.tables import token_frame
-
-from .engines import DisagreeingRoutesEngine
-from .helpers import tiny_config
+from tests.support.engines import DisagreeingRoutesEngine
+from tests.support.tables import token_frame
+from tests.support.train import tiny_config
 
 
 def run(tmp_path, cache_dir, replay: str, **overrides):

@@ -13,8 +13,7 @@ from moestab.records import RunFolder, schema
 from moestab.routing import router_parameters
 from moestab.train import train
 from moestab.train.checkpoint import read_training_state
-
-from .helpers import tiny_config as tiny_train_config
+from tests.support.train import tiny_config as tiny_train_config
 
 DEFAULT, DENSE, FINE = "embedded", "embedded:dense", "embedded:fine"
 

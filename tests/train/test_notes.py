@@ -9,8 +9,7 @@ import logging
 from moestab.records import schema
 from moestab.records.lock import lock_path
 from moestab.train import train
-
-from .helpers import tiny_config
+from tests.support.train import tiny_config
 
 TAKEN_OVER = "lock: took over the lock of process 4194305 on host gone"
 

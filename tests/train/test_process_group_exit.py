@@ -6,10 +6,10 @@ active exception", SIGABRT) after the run has finished and saved. That is what m
 ``moestab train --nproc 2`` fail now and then (3 of 36 two-step CLI runs before ``process_group`` collected them,
 0 of 24 after).
 
-The abort is a race, rare in a small worker (tests/train/pg_exit_worker.py: 1 of 30 sessions without the
+The abort is a race, rare in a small worker (tests/support/pg_exit_worker.py: 1 of 30 sessions without the
 collection, 0 of 30 with it, alternated in one run), so the test checks its cause, which is deterministic: after
 ``process_group`` exits no FSDP module is alive (without the collection the worker finds all three of its sharded
-modules still alive and exits 3). tests/train/dist_worker.py makes the same check after every multi-process training
+modules still alive and exits 3). tests/support/dist_worker.py makes the same check after every multi-process training
 run of tests/train/test_distributed.py (without the collection the whole sharded Qwen3-MoE policy is alive there).
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("pg_exit_worker.py")
+WORKER = Path(__file__).parents[1] / "support" / "pg_exit_worker.py"
 SESSIONS = 3
 
 

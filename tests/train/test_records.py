@@ -13,9 +13,8 @@ from moestab.records import schema
 from moestab.records.reader import read_routes
 from moestab.rl import PRESETS
 from moestab.train import train
-from tests.records.tables import token_frame
-
-from .helpers import tiny_config
+from tests.support.tables import TOKEN_COLUMNS, token_frame
+from tests.support.train import tiny_config
 
 REQUIRED_METRICS = [
     "step", "reward/mean", "accuracy", "response/length_mean", "minibatches", "loss", "grad_norm", "entropy",
@@ -25,13 +24,6 @@ REQUIRED_METRICS = [
     "routing/rollout_old_free/router_flip", "routing/update_old/changed_by_minibatch",
     "mismatch/rollout_old/k3", "mismatch/rollout_old_free/k3", "experts/load", "experts/load_entropy",
     "eval/accuracy",
-]
-TOKEN_COLUMNS = [
-    schema.COL_STEP, schema.COL_SEQ, schema.COL_PROMPT, schema.COL_MINIBATCH, schema.COL_POSITION,
-    schema.COL_RESPONSE_LEN, schema.COL_REWARD, schema.COL_ADVANTAGE, schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD,
-    schema.COL_LOGP_OLD_FREE, schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW, schema.COL_LOG_W, schema.COL_CLIPPED,
-    schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD, schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_UPDATE,
-    schema.COL_ROUTES_NEW, schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD,
 ]
 
 

@@ -14,8 +14,7 @@ from moestab.tasks import task_from_spec
 from moestab.train.forward import policy_forward
 from moestab.train.rollout import HFRolloutEngine
 from moestab.train.step import StepSettings, run_step
-
-from .helpers import TASK, one_grpo_step
+from tests.support.train import TASK, one_grpo_step
 
 
 class ShiftedRoutesEngine(HFRolloutEngine):
@@ -145,8 +144,7 @@ def test_every_input_an_objective_declares_has_a_provider_in_the_step():
 )
 def test_gamma_min_has_one_default_and_one_valid_range(tmp_path, overrides, message):
     from moestab.configs import ConfigError
-
-    from .helpers import tiny_config
+    from tests.support.train import tiny_config
 
     with pytest.raises(ConfigError, match=message):
         tiny_config(tmp_path / "run", tmp_path / "cache", **overrides)

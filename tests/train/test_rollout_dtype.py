@@ -13,8 +13,7 @@ from moestab.records import schema
 from moestab.tasks import task_from_spec
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
-
-from .helpers import TASK, tiny_config
+from tests.support.train import TASK, tiny_config
 
 
 def test_engine_samples_with_a_synchronised_copy_in_its_dtype():

@@ -15,8 +15,7 @@ from moestab.routing.base_routing import BaseRouting
 from moestab.train import train
 from moestab.train.forward import policy_forward
 from moestab.train.rollout import BaseRoutedEngine, HFRolloutEngine
-
-from .helpers import one_grpo_step, tiny_config
+from tests.support.train import one_grpo_step, tiny_config
 
 
 def _base() -> torch.nn.Module:

@@ -16,8 +16,7 @@ import torch
 from moestab.metrics import keys
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
-
-from .helpers import one_grpo_step, tiny_config
+from tests.support.train import one_grpo_step, tiny_config
 
 NEW = "routing_share/"
 SCRIPTS = Path(__file__).parents[2] / "scripts"

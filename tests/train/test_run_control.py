@@ -14,8 +14,7 @@ from moestab.cli import main
 from moestab.configs import ConfigError
 from moestab.records import RunFolder, schema
 from moestab.train import TrainingError, train
-
-from .helpers import TASK, tiny_config
+from tests.support.train import TASK, tiny_config
 
 QUIET = {"log": lambda s: None}
 
@@ -191,7 +190,7 @@ def test_overwrite_deletes_the_old_run_only_once_every_setting_is_checked(tmp_pa
 
 
 def test_a_run_whose_every_advantage_is_zero_stops_and_says_what_to_change(tmp_path, cache_dir):
-    from .helpers import REWARD
+    from tests.support.train import REWARD
 
     run = tmp_path / "run"
     config = tiny_config(run, cache_dir, steps=5, task=f"arithmetic:reward={REWARD}:always_zero",

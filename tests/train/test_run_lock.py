@@ -14,8 +14,7 @@ import pytest
 from moestab.records import RunFolder, schema
 from moestab.records.lock import RunLockedError, lock_path, run_lock
 from moestab.train import TrainingError, train
-
-from .helpers import tiny_config
+from tests.support.train import tiny_config
 
 QUIET = {"log": lambda s: None}
 HOLDER = f"process {os.getpid()} on host {socket.gethostname()}"

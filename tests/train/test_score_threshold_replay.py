@@ -14,8 +14,7 @@ from moestab.metrics import keys
 from moestab.records import schema
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
-
-from .helpers import one_grpo_step, tiny_config
+from tests.support.train import one_grpo_step, tiny_config
 
 
 def replaced_share(t) -> tuple[float, int]:

@@ -10,7 +10,7 @@ import pytest
 from moestab.train import TrainingError
 from moestab.train.config import BEFORE_THE_SETTING, TrainConfig, load_train_config
 from moestab.train.run_folder import check_resumed_settings, config_defaults
-from tests.records.test_folder import a_run
+from tests.support.runs import a_run
 
 RECORDED = {"algo": "gspo", "routing_replay": "off", "model": "embedded", "task": "arithmetic", "steps": 3}
 

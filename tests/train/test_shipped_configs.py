@@ -12,7 +12,7 @@ from moestab.records import schema
 from moestab.records.reader import read_run_info
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig, train
-from tests.train.helpers import tiny_config
+from tests.support.train import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

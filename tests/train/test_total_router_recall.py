@@ -20,8 +20,7 @@ from moestab.records.run_info import read_run_info
 from moestab.routing import RoutesMismatchError, find_routers
 from moestab.train import TrainConfig, train
 from moestab.train.rollout import HFRolloutEngine
-
-from .helpers import one_grpo_step, tiny_config
+from tests.support.train import one_grpo_step, tiny_config
 
 
 @contextmanager

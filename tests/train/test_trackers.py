@@ -17,8 +17,7 @@ from moestab import extras
 from moestab.configs import ConfigError
 from moestab.recording.trackers import PREFIX, TrackedRun, check_trackers, open_trackers, run_id, scalars
 from moestab.records import schema
-
-from .helpers import TASK, tiny_config
+from tests.support.train import TASK, tiny_config
 
 
 def test_unknown_or_missing_trackers_are_refused_before_anything_is_written(tmp_path, cache_dir, monkeypatch):

@@ -10,8 +10,7 @@ from transformers import AutoModelForCausalLM
 from moestab.cli import main
 from moestab.models import build_char_tokenizer
 from moestab.models.families import tiny_config
-
-from .helpers import TASK
+from tests.support.train import TASK
 
 # One family per recipe: hybrid linear attention (softmax, renorm); Mamba hybrid (softmax); softmax over the top-k;
 # DeepSeek-V3 recipe with a dense first layer; bias as a forward argument on [batch, seq, hidden] input; sigmoid of

@@ -15,7 +15,7 @@ from moestab.records import schema
 from moestab.tasks import TaskSpecError, refuse_code_named_by
 from moestab.train import train
 from moestab.train.config import load_train_config
-from tests.train.helpers import tiny_config
+from tests.support.train import tiny_config
 
 EVIL = """
 from pathlib import Path

@@ -1,6 +1,6 @@
 """One training process of the multi-process tests: ``torchrun ... dist_worker.py CONFIG_JSON ENGINE``.
 
-Runs ``moestab.train.train`` with a test rollout engine (tests/train/distributed_engines.py), which the command
+Runs ``moestab.train.train`` with a test rollout engine (tests/support/distributed_engines.py), which the command
 line cannot choose, then exits 3 if any FSDP module outlived the run (tests/train/test_process_group_exit.py).
 """
 
@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from moestab.configs import build_config
 from moestab.train import TrainConfig, train
-from tests.train.distributed_engines import ENGINES
-from tests.train.pg_exit_worker import exit_if_sharded_alive
+from tests.support.distributed_engines import ENGINES
+from tests.support.pg_exit_worker import exit_if_sharded_alive
 
 if __name__ == "__main__":
     config = build_config(TrainConfig, json.loads(sys.argv[1]))

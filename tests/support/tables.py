@@ -32,3 +32,13 @@ def token_frame(path: str | Path) -> pd.DataFrame:
         routes[ids == layout["absent"]] = -1
         tokens[column] = list(routes)
     return tokens
+
+
+TOKEN_COLUMNS = [  # the columns of a moestab run's tables, in order
+    schema.COL_STEP, schema.COL_SEQ, schema.COL_PROMPT, schema.COL_MINIBATCH, schema.COL_POSITION,
+    schema.COL_RESPONSE_LEN, schema.COL_REWARD, schema.COL_ADVANTAGE, schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD,
+    schema.COL_LOGP_OLD_FREE, schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW, schema.COL_LOG_W, schema.COL_CLIPPED,
+    schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD, schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_UPDATE,
+    schema.COL_ROUTES_NEW, schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD,
+]
+

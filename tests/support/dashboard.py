@@ -1,5 +1,5 @@
-"""What an AppTest run of the dashboard shows: its Altair charts (accessible name, Vega-Lite spec, the frame drawn)
-and the CSV files its download buttons serve."""
+"""The dashboard tests' shared names: the app's pages, opening one under AppTest, and what a run of it shows (its
+Altair charts: accessible name, Vega-Lite spec, the frame drawn; the CSV files its download buttons serve)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,60 @@ import io
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout."""
+
+
+APP = REPO / "moestab" / "dashboard" / "app.py"
+"""The packaged entry script (what ``moestab dashboard`` runs); tests/dashboard/test_serve.py also runs the checkout's
+``dashboard/app.py``, which runs this one."""
+
+
+COMPARE_PAGE = "app_pages/compare.py"
+"""The first page (the app opens on it)."""
+
+
+PAGES = {  # page file -> title it shows
+    COMPARE_PAGE: "Compare",
+    "app_pages/runs.py": "Runs",
+    "app_pages/training.py": "Training",
+    "app_pages/volatility.py": "Routing volatility",
+    "app_pages/ratios.py": "Ratios",
+    "app_pages/attribution.py": "Attribution",
+    "app_pages/experts.py": "Experts",
+    "app_pages/probes.py": "Probes",
+}
+
+
+
+RUNS_PAGE = "app_pages/runs.py"
+
+
+PROBES_PAGE = "app_pages/probes.py"  # reads probe folders, not runs (tests/dashboard/test_probes_page.py)
+
+
+def open_page(at, page: str):
+    """Run the app (it opens on the Compare page) and go to ``page``."""
+    at.run()
+    if page != COMPARE_PAGE:
+        at.switch_page(page).run()
+    return at
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def assert_clean(at) -> None:
+    assert not at.exception, texts(at.exception)
+    assert not at.error, texts(at.error)
+    assert not at.warning, texts(at.warning)
+
 
 
 @dataclass(frozen=True)
