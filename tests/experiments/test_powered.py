@@ -9,8 +9,7 @@ import pytest
 
 from moestab.experiments import powered
 from moestab.experiments.registration import RegistrationError, block
-
-from ..train.helpers import REWARD
+from tests.support.train import REWARD
 
 TINY = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
         ("warm_start_max_steps", 0), ("progress", False))

@@ -11,8 +11,7 @@ from moestab.metrics.routes import route_change_of
 from moestab.probes.volatility_sources import volatility_sources
 from moestab.recording.batch import position_ids_from_mask
 from moestab.routing import RoutingRecorder, find_routers
-
-from ..routing.helpers import batch, make_model
+from tests.support.routing import batch, make_model
 
 
 def _moved(model, *, routers: bool, others: bool, scale: float = 0.3, seed: int = 0):
