@@ -1,4 +1,8 @@
-"""One RL step, in phases: rollout -> score -> pi_old -> minibatch updates -> pi_new -> metrics.
+"""One RL step: rollout -> rewards and advantages -> pi_old -> one update per minibatch -> metrics.
+
+The step trains; the forwards that exist only to measure (pi_old's free twin under R3 / TRR, routing's share around
+each update, pi_new) are declared in :mod:`moestab.train.measurements` and called at its three named points:
+``before_updates``, around each update (``before_update`` / ``after_update``) and ``after_step``.
 
 Routing Replay modes (the ``replay`` setting):
 
@@ -9,27 +13,19 @@ Routing Replay modes (the ``replay`` setting):
   for bit), so pi_old's replayed forward runs on the other minibatches only.
 - ``rollout-gates`` (TRR, "Total Router Recall"): as R3, with the rollout engine's gate weights as given too
   (``RoutingReplay(force_gates=True)``): the router is frozen in those forwards.
+- ``base`` (routing-constant): as R3, the rollout's routes being the frozen base's (``routing.base_routing``).
 
 With ``replay_score_ratio`` > 0 (R2 / R3), the updates filter the replayed experts by the router's own scores
 (score-threshold replay, prime-rl PR #2703): the routes an update used, recorded as ``routes_update``, differ from
 the replayed ones in the slots it refilled (``routing/replay_replace_rate``). pi_old's replayed forward under R3
 replays plainly, so the replaced share is measured against the routes of ``logp_old``.
 
-Whatever the mode, the trainer's *free* routes under pi_old and, after the updates, under the new
-policy are recorded, so routing volatility is measured even when replay hides it from the loss.
-
-A measurement budget (``measured``: :mod:`moestab.recording.budget`) runs the forwards that exist only to measure
-(pi_new, the free pi_old under R3 / TRR, the counterfactual of routing's share) on a sample of whole groups, or on
-no row at all on an unmeasured step; the rows left out hold NaN log-probs and -1 routes, and ``StepTensors.measured``
-/ ``sampled`` say which. The sample is forwarded in the minibatches' chunks restricted to its rows. Under R3 / TRR
-both sides of old->new are such chunks; under off / R2 pi_old's are the whole minibatches, and the smaller shape
-changes a row's outputs by rounding only (on the CPU up to ~3e-7 in the logits, no routing decision flipped:
-``tests/train/test_measure_budget.py``; on a GPU kernels may round more differently between shapes).
-
-With ``routing_share`` each minibatch is scored once more before its optimizer step, without grad, on the same
-weights with the other routing than its update forward's: pi_old's trainer routes replayed under ``off``, free
-routing under R2 / R3 / TRR (whose update forward replays the routes pi_old's ratio used). The step's metrics then
-split the log-ratio into its free and replayed versions (``routing_share/*``, :mod:`moestab.metrics.routing_share`).
+A measurement budget (``measured``: :mod:`moestab.recording.budget`) restricts the measurements to a sample of whole
+groups, or to no row at all on an unmeasured step; the rows left out hold NaN log-probs and -1 routes, and
+``StepTensors.measured`` / ``sampled`` say which. The sample is forwarded in the minibatches' chunks restricted to
+its rows. Under R3 / TRR both sides of old->new are such chunks; under off / R2 pi_old's are the whole minibatches,
+and the smaller shape changes a row's outputs by rounding only (on the CPU up to ~3e-7 in the logits, no routing
+decision flipped: ``tests/train/test_measure_budget.py``; on a GPU kernels may round more differently between shapes).
 
 Every trainer forward of the step (pi_old free, pi_old replayed, the updates, pi_new) runs in the
 same row chunks, the minibatches: with no update in between, two forwards see bit-identical inputs
@@ -56,17 +52,17 @@ from moestab.recording.step_metrics import Updates, step_metrics
 from moestab.recording.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 from moestab.records import schema
 from moestab.rl.shaping import overlong_penalty
-from moestab.routing import Routes, gather_router_logprobs
+from moestab.routing import gather_router_logprobs
 from moestab.tasks import Example, Task
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
-from moestab.train.forward import (
-    PolicyForward,
-    chunk_logprobs,
-    chunked_policy_forward,
-    measured_forward,
-    policy_forward,
-    response_routes,
+from moestab.train.forward import PolicyForward, chunk_logprobs, chunked_policy_forward, policy_forward, response_routes
+from moestab.train.measurements import (
+    FreeOldPolicy,
+    Measurement,
+    free_old_forward,
+    needs_router_logprobs,
+    step_measurements,
 )
 
 
@@ -100,11 +96,6 @@ class StepSettings:
     """Score each minibatch once more on its update's weights with the other routing (:func:`_counterfactual_logp`)
     for routing's share of the ratio (``routing_share/*``)."""
 
-    def free_old_is_measurement(self) -> bool:
-        """Whether the free pi_old forward serves only measurement: under R3 / TRR the ratio replays the rollout's
-        routes, unless the objective reads the free routers' log-probs."""
-        return schema.REPLAY_ROUTES[self.replay] == "rollout" and not _needs_router_logprobs(self.preset)
-
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
     """A random split of ``batch_size`` rows into ``minibatches`` equal minibatches (rows sorted in each).
@@ -122,7 +113,7 @@ def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator
 
 @dataclass(frozen=True)
 class _OldPolicy:
-    free: PolicyForward  # free routing, routes recorded with router stats
+    free: PolicyForward | None  # free routing, routes recorded with router stats; None: a measurement's (R3 / TRR)
     logp: torch.Tensor  # [B, T] as used in the ratio (NaN on ``from_first_update`` rows until the first update)
     routes: torch.Tensor  # [B, L, layers, k] routes that produced ``logp``
     ref_logp: torch.Tensor | None  # [B, T] reference policy, for the KL penalty
@@ -140,8 +131,6 @@ class _Updates:
     loss_metrics: list[dict[str, torch.Tensor]]  # this process's rows: the global minibatch in one process
     loss_inputs: list[dict | None]  # detached loss inputs per minibatch (distributed only: rank 0 re-evaluates)
     aux_losses: list[float | None]  # the global load-balancing loss per minibatch, when on
-    logp_counterfactual: torch.Tensor | None  # [B, T] the update weights' log-probs with the other routing, when on
-    clipped_counterfactual: torch.Tensor | None  # [B, T] bool: the loss's clip rule on those, when on
 
 
 def reward_dtype(policy_dtype: torch.dtype) -> torch.dtype:
@@ -262,24 +251,19 @@ def _whole_step_parts(world: World, kept: list[tuple[int, _Part]], spare: list[t
 @torch.no_grad()
 def _old_policy(
     model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], s: StepSettings,
-    ref_model: PreTrainedModel | None, measured: torch.Tensor | None,
+    ref_model: PreTrainedModel | None,
 ) -> _OldPolicy:
-    # The free forward records the trainer's own routes (and margins for the records). Under R3 / TRR the
-    # ratio uses a second forward that replays the rollout engine's routes (TRR: and its gates), and the free one
-    # only measures: it runs on the budget's sample.
-    kwargs = dict(temperature=s.temperature, router_logprobs=_needs_router_logprobs(s.preset), entropy=True,
-                  router_stats=True)
-    if s.free_old_is_measurement() and measured is not None:
-        free = measured_forward(model, batch, chunks, measured, **kwargs)
+    """pi_old as the ratio uses it: its free forward (routes recorded, for the records and R2), or under R3 / TRR a
+    forward replaying the rollout engine's routes (TRR: and its gates), whose free twin is a measurement
+    (``measurements.FreeOldPolicy``) unless the objective reads the free routers' log-probs."""
+    free = None if FreeOldPolicy.applies(s) else free_old_forward(model, batch, chunks, s, None)
+    if schema.REPLAY_ROUTES[s.replay] != "rollout":
+        logp, routes, from_first_update = free.logp, free.routes.indices, False
     else:
-        free = chunked_policy_forward(model, batch, chunks, **kwargs)
-    logp, routes = free.logp, free.routes.indices
-    from_first_update = False
-    if schema.REPLAY_ROUTES[s.replay] == "rollout":
         # The first update forward replays the same routes (and gates) on the same weights and rows: its log-probs
         # are the replayed pi_old's, bit for bit on a deterministic model, so that minibatch's no-grad forward is
-        # skipped and _updates fills its rows from it (the ratio is then exactly 1 there by construction). Not with
-        # score-threshold replay, whose updates refill slots pi_old's plain replay keeps.
+        # skipped and its rows are filled from the update (the ratio is then exactly 1 there by construction). Not
+        # with score-threshold replay, whose updates refill slots pi_old's plain replay keeps.
         from_first_update = s.replay_score_ratio == 0
         logp = chunk_logprobs(model, batch, chunks[1:] if from_first_update else chunks, temperature=s.temperature,
                               replay=batch.routes, force_gates=s.replay in schema.GATE_REPLAY_MODES)  # [B, T]
@@ -320,10 +304,6 @@ aggregation's and the KL penalty's in ``AlgorithmPreset.runtime_inputs``): one t
 a tensor no other one does adds an entry here instead of a branch in the step."""
 
 
-def _needs_router_logprobs(preset: rl.AlgorithmPreset) -> bool:
-    return any(name.startswith("router_logp") for name in preset.runtime_inputs)
-
-
 def _loss_inputs(
     s: StepSettings, batch: RolloutBatch, rows: torch.Tensor, fwd: PolicyForward, old: _OldPolicy,
     advantages: torch.Tensor,
@@ -337,56 +317,20 @@ def _loss_inputs(
     }
 
 
-def _counterfactual_logp(
-    model: PreTrainedModel, batch: RolloutBatch, s: StepSettings, replay: Routes | None, rows: torch.Tensor,
-) -> torch.Tensor | None:
-    """``[b, T]`` the minibatch ``batch``'s log-probs on the current weights with the other routing than the update's
-    (``replay``: pi_old's trainer routes when the update routes freely, None (free) when it replays), scored on
-    its ``rows`` (the measurement budget's; NaN elsewhere), or None when ``s.routing_share`` is off.
-
-    No grad, no recording, and the random number generators are restored afterwards: the update forward that
-    follows draws what it would have drawn without this one (dropout, router jitter), so the run's weights and
-    every other metric stay bit-identical.
-    """
-    if not s.routing_share:
-        return None
-    logp = torch.full(batch.response_mask.shape, float("nan"), device=batch.response_mask.device,
-                      dtype=next(model.parameters()).dtype)  # [b, T]
-    if not len(rows):
-        return logp
-    on_cuda = next(model.parameters()).device.type == "cuda"
-    with torch.no_grad(), torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_cuda else []):
-        scored = policy_forward(model, batch.select(rows), temperature=s.temperature,
-                                replay=None if replay is None else replay.select(rows), record=False).logp
-    logp[rows] = scored.to(logp.device, logp.dtype)
-    return logp
-
-
-def _counterfactual_clipped(s: StepSettings, inputs: dict, logp: torch.Tensor | None) -> torch.Tensor | None:
-    """``[b, T]`` bool: the tokens the loss would have clipped with ``logp`` in place of the update's (every other
-    input as in the update; False on a row the budget left unscored), or None without ``logp``."""
-    if logp is None:
-        return None
-    unscored = logp.isnan().all(dim=-1)  # [b] rows the measurement budget left out
-    filled = torch.where(unscored[:, None], inputs["logp"].detach(), logp)  # [b, T] any finite stand-in
-    return rl.compute_clipped_mask(s.preset.loss, **{**inputs, "logp": filled}) & ~unscored[:, None]
-
-
 def _updates(
     model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
     old: _OldPolicy, advantages: torch.Tensor, s: StepSettings, world: World, measured: torch.Tensor | None,
+    measures: list[Measurement],
 ) -> _Updates:
-    replay_source = {None: None, "old": old.free.routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
-    force_gates = s.replay in schema.GATE_REPLAY_MODES
-    aggregation = s.preset.aggregation
+    """One optimizer step per minibatch, the measurements called around each (``Measurement.before_update`` /
+    ``after_update``). The first minibatch of a ``from_first_update`` pi_old takes its pi_old log-probs from its own
+    update forward (see :func:`_old_policy`)."""
+    old_free_routes = None if old.free is None else old.free.routes  # [B, L, layers, k] R2's replay, or None (R3)
+    replay_source = {None: None, "old": old_free_routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
     minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]
     routes = torch.empty_like(old.routes)  # [B, L, layers, k]
-    # Routing's share: the other routing than the update's, on its weights (pi_old's trainer routes, or free).
-    other_routes = old.free.routes if replay_source is None else None
-    counterfactual = torch.zeros_like(old.logp) if s.routing_share else None  # [B, T]
-    clipped_counterfactual = torch.zeros_like(batch.response_mask) if s.routing_share else None  # [B, T]
     losses, grad_norms, loss_metrics, loss_inputs, aux_losses = [], [], [], [], []
     model.train()
     for m, rows in enumerate(chunks):
@@ -395,25 +339,26 @@ def _updates(
         # stand-in row whose loss weighs 0.
         held = rows if len(rows) else rows.new_zeros(1)
         scored = torch.arange(len(held)) if measured is None else torch.nonzero(measured[held]).flatten()  # [b']
-        other_logp = _counterfactual_logp(model, batch.select(held), s,
-                                          None if other_routes is None else other_routes.select(held), scored)
+        for measure in measures:
+            measure.before_update(model, batch, held, scored, old_free_routes)
         fwd = policy_forward(
             model, batch.select(held), temperature=s.temperature,
-            replay=None if replay_source is None else replay_source.select(held), force_gates=force_gates,
-            score_ratio=s.replay_score_ratio,
-            router_logprobs=_needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
+            replay=None if replay_source is None else replay_source.select(held),
+            force_gates=s.replay in schema.GATE_REPLAY_MODES, score_ratio=s.replay_score_ratio,
+            router_logprobs=needs_router_logprobs(s.preset), aux_loss=s.router_aux_loss_coef > 0,
         )
         if m == 0 and old.from_first_update and len(rows):
             old.logp[rows] = fwd.logp.detach().to(old.logp.dtype)  # pi_old's replayed log-probs: see _old_policy
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
         parts = rl.compute_loss_parts(s.preset.loss, **inputs)
-        other_clipped = _counterfactual_clipped(s, inputs, other_logp)
+        for measure in measures:
+            measure.after_update(rows, len(held), inputs)
         loss, metrics = parts.loss, parts.metrics
         if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
             loss = loss + s.router_aux_loss_coef * fwd.aux_loss
             metrics = {**metrics, "objective/router_aux_loss": fwd.aux_loss.detach()}
         # This rank's share of the global minibatch loss (one process: share 1.0, exactly).
-        weight = rl.shard_weight(batch.response_mask[rows], aggregation)
+        weight = rl.shard_weight(batch.response_mask[rows], s.preset.aggregation)
         total = world.sum(weight)
         share = weight / total if total else 0.0
         global_loss = world.sum(loss.item() * share)
@@ -436,11 +381,7 @@ def _updates(
             logp[rows] = fwd.logp.detach()
             clipped[rows] = parts.clipped
             routes[rows] = fwd.routes.indices
-        if len(rows) and other_logp is not None:
-            counterfactual[rows] = other_logp.to(counterfactual.dtype)  # a NaN stand-in row is float32
-            clipped_counterfactual[rows] = other_clipped
-    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics, loss_inputs, aux_losses,
-                    counterfactual, clipped_counterfactual)
+    return _Updates(minibatch, logp, clipped, routes, losses, grad_norms, loss_metrics, loss_inputs, aux_losses)
 
 
 def _full(norm: torch.Tensor) -> float:
@@ -489,24 +430,23 @@ def run_step(
         # on any process) skips them everywhere; a sample of groups would not.
         raise ValueError("a measurement budget sampling groups (measure_fraction < 1) runs in one process only "
                          "(nproc 1); measure_every works with any nproc")
-    old = _old_policy(model, batch, chunks, s, ref_model, measured)
+    old = _old_policy(model, batch, chunks, s, ref_model)
+    measures = step_measurements(s, batch, old.logp.dtype)
+    for measure in measures:
+        measure.before_updates(model, batch, chunks, measured)
     t1 = time.perf_counter()
-    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured)
+    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured, measures)
     t_update = time.perf_counter() - t1
-    with torch.no_grad():
-        new = (chunked_policy_forward(model, batch, chunks, temperature=s.temperature) if measured is None
-               else measured_forward(model, batch, chunks, measured, temperature=s.temperature))
-    measure_only = frozenset() if measured is None else frozenset(
-        {schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW}
-        | ({schema.COL_ROUTES_OLD_FREE, schema.COL_LOGP_OLD_FREE} if s.free_old_is_measurement() else set()))
-
+    for measure in measures:
+        measure.after_step(model, batch, chunks, measured)
+    free_old = {} if old.free is None else {"logp_old_free": old.free.logp, "routes_old_free": old.free.routes,
+                                            "entropy": old.free.entropy}  # else FreeOldPolicy fills them
+    sampled_columns = frozenset() if measured is None else frozenset().union(*(m.columns for m in measures))
     tensors = StepTensors(
         batch=batch, examples=examples, rewards=rewards, correct=correct, advantages=advantages, minibatch=up.minibatch,
-        logp_old=old.logp, logp_old_free=old.free.logp, logp_update=up.logp, logp_new=new.logp,
-        clipped=up.clipped, routes_old=old.routes, routes_old_free=old.free.routes, routes_update=up.routes,
-        routes_new=new.routes, entropy=old.free.entropy,
-        logp_update_counterfactual=up.logp_counterfactual, clipped_counterfactual=up.clipped_counterfactual,
-        measured=measured, sampled=measure_only,
+        logp_old=old.logp, logp_update=up.logp, clipped=up.clipped, routes_old=old.routes, routes_update=up.routes,
+        **free_old, **{k: v for measure in measures for k, v in measure.filled().items()},
+        measured=measured, sampled=sampled_columns,
     )
     per_minibatch, sampling = up.loss_metrics, sampled.metrics
     if world.distributed:
