@@ -86,20 +86,26 @@ def run_grid(runs: Sequence[GridRun], *, log: Callable[[str], None] = logger.inf
     """Train every run that has not finished (an unfinished folder is started over); returns the run folders.
 
     A run another process is training (its folder's lock is held) is skipped with a note, so several processes may
-    walk one grid together: each trains what is neither finished nor taken."""
+    walk one grid together: each trains what is neither finished nor taken. A run stopped by Ctrl-C or SIGTERM stops
+    the grid too (it would otherwise go on to the next run)."""
     for i, run in enumerate(runs, start=1):
         if is_finished(run):
             continue
         log(f"[{i}/{len(runs)}] {run.run_dir.name}")
         overwrite = RunFolder(run.run_dir).holds_run
         try:
-            train(build_config(TrainConfig, {**config_to_dict(run.config), "overwrite": overwrite}),
-                  log=lambda s: None)
+            result = train(build_config(TrainConfig, {**config_to_dict(run.config), "overwrite": overwrite}),
+                           log=lambda s: None)
         except Exception as error:
             held = _locked(error)
             if held is None:
                 raise
             log(f"[{i}/{len(runs)}] {run.run_dir.name}: skipped, another process is training it ({held})")
+            continue
+        if result.stop_signal:  # Ctrl-C / SIGTERM: the run saved its last step; the grid stops with it
+            log(f"[{i}/{len(runs)}] {run.run_dir.name}: interrupted (signal {result.stop_signal}); the grid stops "
+                "here, and resumes from its finished runs when started again")
+            break
     return [run.run_dir for run in runs]
 
 

@@ -3,6 +3,8 @@ refusals, and scan -> choose -> evaluate -> report end to end at a tiny size."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -117,3 +119,23 @@ def test_a_grid_skips_a_run_another_process_is_training(tmp_path):
         assert run_grid([run], log=lines.append) == [run.run_dir]  # no error: the run is someone else's
     assert "skipped, another process is training it" in lines[-1] and str(run.run_dir) in lines[-1]
     assert not is_finished(run) and not run.run_dir.exists()  # nothing written, the lock's folder removed
+
+
+def test_a_grid_stops_when_a_run_is_interrupted(tmp_path, monkeypatch):
+    import signal
+
+    from moestab.experiments import grid
+    from moestab.train.loop import RunResult
+
+    runs = controlled.evaluation_runs(_plan(tmp_path), 1e-3, tmp_path / "runs")[:3]
+    trained = []
+
+    def interrupted_train(config, log):  # what train() returns after a SIGTERM: the step saved, the run interrupted
+        trained.append(config.run_dir)
+        return RunResult(Path(config.run_dir), "interrupted", 1, 0.5, None, stop_signal=signal.SIGTERM)
+
+    monkeypatch.setattr(grid, "train", interrupted_train)
+    lines = []
+    grid.run_grid(runs, log=lines.append)
+    assert trained == [runs[0].config.run_dir]  # the second and third never start
+    assert "interrupted (signal 15); the grid stops" in lines[-1]
