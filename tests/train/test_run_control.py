@@ -111,7 +111,8 @@ def test_ctrl_c_saves_and_exits_cleanly(tmp_path, cache_dir):
     ("args", "message"),
     [
         (["--algo", "ppo"], "algo: unknown 'ppo'; valid: grpo, gspo, gspo-token, dapo, dr-grpo, cispo, gmpo, rspo"),
-        (["--routing-replay", "r2"], "invalid choice: 'r2' (choose from 'off', 'old', 'rollout', 'rollout-gates', 'base')"),
+        (["--routing-replay", "r2"],
+         "invalid choice: 'r2' (choose from 'off', 'old', 'rollout', 'rollout-gates', 'base')"),
         (["--steps", "0"], "steps must be an integer >= 1, got 0"),
         (["--group-size", "1"], "group_size must be an integer >= 2"),
         (["--lr", "abc"], "lr: 'abc' is not a valid float"),
