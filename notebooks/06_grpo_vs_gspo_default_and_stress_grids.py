@@ -263,7 +263,10 @@ quantiles[["std", "q0.01", "q0.99", "min", "max"]].round(4)
 #
 # From the stress grid (configs/stress.yaml: 8 layers, lr 1e-3, 40 steps, bf16 rollouts, 3 seeds):
 #
-# - **Where: GSPO is more stable than GRPO (reproduced); R2 / R3 do not rescue GRPO (not reproduced).** From the
+# - **Where: GSPO is more stable than GRPO (reproduced); R2 / R3 did not rescue GRPO here, which does not test the
+#   paper's claim.** At this lr the lr alone breaks training: in the precondition search (docs/precondition.md) the
+#   routing-constant control collapsed at lr 1e-3 on both reserved seeds (8 layers, load-balanced base), so this grid
+#   cannot tell routing's part from the lr's. From the
 #   same warm-started bases (eval accuracy 48.2% +- 3.3%), GRPO collapsed in every seed with every replay mode:
 #   final accuracy 3.7% +- 1.5% (off), 8.8% +- 10.1% (R2), 6.7% +- 10.3% (R3). GSPO ended at 24.5% +- 15.7%,
 #   24.3% +- 26.1% and 23.5% +- 19.8%, and still fell more than 10 points in 2 of 3 seeds in each mode. The replay
