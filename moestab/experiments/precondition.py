@@ -105,12 +105,13 @@ def setting_row(setting: Setting, runs: Sequence[GridRun], threshold: float = TH
     the control's stability per seed, whether the setting passes, and the measured cost."""
     moe = [r for r in runs if r.run_dir.parent.name == "moe_grpo_off"]
     control = [r for r in runs if r.run_dir.parent.name == "constant_grpo"]
+    metrics = {r.run_dir: load_metrics(r.run_dir) for r in runs}
     vols = [run_stability(r.run_dir)["vol"] for r in moe]
-    by_layer = [load_metrics(r.run_dir)[keys.ROUTING_CHANGED_BY_LAYER.format(pair="old_new")].dropna().tolist()
+    by_layer = [metrics[r.run_dir][keys.ROUTING_CHANGED_BY_LAYER.format(pair="old_new")].dropna().tolist()
                 for r in moe]
     layers = pd.DataFrame([row for run in by_layer for row in run]).mean().round(4).tolist()  # step x seed mean
     stable = [is_stable(run_stability(r.run_dir)) for r in control]
-    seconds = sum(float(load_metrics(r.run_dir)[keys.TIME_STEP].sum()) for r in runs)
+    seconds = sum(float(m[keys.TIME_STEP].sum()) for m in metrics.values())
     vol = sum(vols) / len(vols)
     return {"setting": setting.name, **setting.fields(), "vol": vol, "vol_by_seed": vols, "vol_by_layer": layers,
             "control_stable": stable, "passes": vol >= threshold and all(stable),

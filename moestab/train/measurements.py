@@ -61,12 +61,17 @@ def free_old_forward(model: PreTrainedModel, batch: RolloutBatch, chunks: list[t
 
 class Measurement:
     """A measure-only forward of the step (module docstring). The step calls every applicable one at its named
-    points; each hook does nothing unless the measurement overrides it."""
+    points; each hook does nothing unless the measurement overrides it. What it filled is its attributes named in
+    :attr:`fills`."""
 
     fills: ClassVar[tuple[str, ...]] = ()
-    """The ``StepTensors`` fields it fills."""
+    """The ``StepTensors`` fields it fills (attributes of the same names)."""
     columns: ClassVar[frozenset[str]] = frozenset()
     """The token-table columns it fills: sampled when the step has a measurement budget."""
+
+    def __init__(self, s: StepSettings, batch: RolloutBatch, dtype: torch.dtype) -> None:
+        """``dtype``: the step's log-prob dtype."""
+        self.settings = s
 
     @staticmethod
     def applies(s: StepSettings) -> bool:
@@ -81,9 +86,9 @@ class Measurement:
         """On minibatch ``rows``' update weights, before its update forward; ``scored`` indexes the rows measured;
         ``old_routes`` are pi_old's free routes ``[B, L, layers, k]`` (None under R3 / TRR: a measurement's)."""
 
-    def after_update(self, rows: torch.Tensor, held: int, inputs: dict[str, Any]) -> None:
-        """After the minibatch's loss (``inputs``: its keyword arguments), before its optimizer step; ``held`` rows
-        were forwarded (a process holding none of the minibatch forwards a stand-in row: ``rows`` is empty)."""
+    def after_update(self, rows: torch.Tensor, inputs: dict[str, Any]) -> None:
+        """After the minibatch's loss (``inputs``: its keyword arguments), before its optimizer step (``rows`` is
+        empty on a process holding none of the minibatch: it forwarded a stand-in row)."""
 
     def after_step(self, model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor],
                    measured: torch.Tensor | None) -> None:
@@ -91,7 +96,7 @@ class Measurement:
 
     def filled(self) -> dict[str, Any]:
         """The ``StepTensors`` fields it filled."""
-        raise NotImplementedError
+        return {name: getattr(self, name) for name in self.fills}
 
 
 class FreeOldPolicy(Measurement):
@@ -100,20 +105,13 @@ class FreeOldPolicy(Measurement):
     fills = ("logp_old_free", "routes_old_free", "entropy")
     columns = frozenset({schema.COL_ROUTES_OLD_FREE, schema.COL_LOGP_OLD_FREE})
 
-    def __init__(self, s: StepSettings) -> None:
-        self.settings = s
-        self.forward: PolicyForward | None = None
-
     @staticmethod
     def applies(s: StepSettings) -> bool:
         return schema.REPLAY_ROUTES[s.replay] == "rollout" and not needs_router_logprobs(s.preset)
 
     def before_updates(self, model, batch, chunks, measured) -> None:
-        self.forward = free_old_forward(model, batch, chunks, self.settings, measured)
-
-    def filled(self) -> dict[str, Any]:
-        f = self.forward
-        return {"logp_old_free": f.logp, "routes_old_free": f.routes, "entropy": f.entropy}
+        f = free_old_forward(model, batch, chunks, self.settings, measured)
+        self.logp_old_free, self.routes_old_free, self.entropy = f.logp, f.routes, f.entropy
 
 
 class RoutingShare(Measurement):
@@ -126,9 +124,10 @@ class RoutingShare(Measurement):
     fills = ("logp_update_counterfactual", "clipped_counterfactual")
 
     def __init__(self, s: StepSettings, batch: RolloutBatch, dtype: torch.dtype) -> None:
-        self.settings = s
-        self.logp = torch.zeros(batch.response_mask.shape, dtype=dtype, device=batch.response_mask.device)  # [B, T]
-        self.clipped = torch.zeros_like(batch.response_mask)  # [B, T]
+        super().__init__(s, batch, dtype)
+        mask = batch.response_mask  # [B, T]
+        self.logp_update_counterfactual = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # [B, T]
+        self.clipped_counterfactual = torch.zeros_like(mask)  # [B, T]
         self._scored: torch.Tensor | None = None  # [b, T] the current minibatch's, NaN on rows not scored
 
     @staticmethod
@@ -149,17 +148,15 @@ class RoutingShare(Measurement):
             logp[scored] = out.to(logp.device, logp.dtype)
         self._scored = logp
 
-    def after_update(self, rows, held, inputs) -> None:
+    def after_update(self, rows, inputs) -> None:
         logp = self._scored
         unscored = logp.isnan().all(dim=-1)  # [b] rows the measurement budget left out
         filled = torch.where(unscored[:, None], inputs["logp"].detach(), logp)  # [b, T] any finite stand-in
         clipped = rl.compute_clipped_mask(self.settings.preset.loss, **{**inputs, "logp": filled}) & ~unscored[:, None]
         if len(rows):
-            self.logp[rows] = logp.to(self.logp.dtype)  # a NaN stand-in row is float32
-            self.clipped[rows] = clipped
-
-    def filled(self) -> dict[str, Any]:
-        return {"logp_update_counterfactual": self.logp, "clipped_counterfactual": self.clipped}
+            # a NaN stand-in row is float32
+            self.logp_update_counterfactual[rows] = logp.to(self.logp_update_counterfactual.dtype)
+            self.clipped_counterfactual[rows] = clipped
 
 
 class NewPolicy(Measurement):
@@ -168,10 +165,6 @@ class NewPolicy(Measurement):
     fills = ("logp_new", "routes_new")
     columns = frozenset({schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW})
 
-    def __init__(self, s: StepSettings) -> None:
-        self.settings = s
-        self.forward: PolicyForward | None = None
-
     @staticmethod
     def applies(s: StepSettings) -> bool:
         return True
@@ -179,19 +172,15 @@ class NewPolicy(Measurement):
     @torch.no_grad()
     def after_step(self, model, batch, chunks, measured) -> None:
         t = self.settings.temperature
-        self.forward = (chunked_policy_forward(model, batch, chunks, temperature=t) if measured is None
-                        else measured_forward(model, batch, chunks, measured, temperature=t))
+        f = (chunked_policy_forward(model, batch, chunks, temperature=t) if measured is None
+             else measured_forward(model, batch, chunks, measured, temperature=t))
+        self.logp_new, self.routes_new = f.logp, f.routes
 
-    def filled(self) -> dict[str, Any]:
-        return {"logp_new": self.forward.logp, "routes_new": self.forward.routes}
+
+MEASUREMENTS: tuple[type[Measurement], ...] = (FreeOldPolicy, RoutingShare, NewPolicy)
+"""Every declared measurement, in the order the step runs them at a shared point."""
 
 
 def step_measurements(s: StepSettings, batch: RolloutBatch, dtype: torch.dtype) -> list[Measurement]:
     """The measurements that apply to a step with settings ``s``, in the order they run."""
-    out: list[Measurement] = []
-    if FreeOldPolicy.applies(s):
-        out.append(FreeOldPolicy(s))
-    if RoutingShare.applies(s):
-        out.append(RoutingShare(s, batch, dtype))
-    out.append(NewPolicy(s))
-    return out
+    return [cls(s, batch, dtype) for cls in MEASUREMENTS if cls.applies(s)]

@@ -352,7 +352,7 @@ def _updates(
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
         parts = rl.compute_loss_parts(s.preset.loss, **inputs)
         for measure in measures:
-            measure.after_update(rows, len(held), inputs)
+            measure.after_update(rows, inputs)
         loss, metrics = parts.loss, parts.metrics
         if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
             loss = loss + s.router_aux_loss_coef * fwd.aux_loss
