@@ -10,18 +10,25 @@
 #                                 importer, diagnostics, verl-recipe (a real DataProto), recorder/replay, TRL and
 #                                 extras tests
 # torch stays on the version of constraints.txt (the CPU wheel set-up installs) in every tier. Extra arguments go
-# to pytest. The venv is .venv-<tier>, made anew each time.
+# to pytest. The venv is .venv-<tier>, made anew each time; --discard (first) removes it when the tier ends, as CI
+# does (three 2 GB venvs beside .venv filled its disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+discard=0
+if [ "${1:-}" = --discard ]; then discard=1; shift; fi
 tier="${1:-}"
 shift || true
 case "$tier" in
   newest|oldest|verl) ;;
-  *) echo "usage: scripts/test_tier.sh newest|oldest|verl [pytest args]" >&2; exit 2 ;;
+  *) echo "usage: scripts/test_tier.sh [--discard] newest|oldest|verl [pytest args]" >&2; exit 2 ;;
 esac
 venv=".venv-$tier"
 pins="$(mktemp)"
-trap 'rm -f "$pins"' EXIT
+cleanup() {
+  rm -f "$pins"
+  if [ "$discard" = 1 ]; then rm -rf "$venv"; fi
+}
+trap cleanup EXIT
 rm -rf "$venv"
 python3 -m venv "$venv"
 # The pins are read with packaging (verl's range against pyproject's), which the system python3 may lack.
