@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 LAYOUTS = {2: "FixedSizeList<int16>", 3: "FixedSizeBinary"}
-"""Route-column layout of each run-format version (moestab.records.route_columns)."""
+"""Route-column layout of each run-format version (moestab.run_folder.route_columns)."""
 STREAM_MODES = ("run_volatility", "run_volatility, no read-ahead", "decode only")
 """What a streaming child does: the whole analysis (its reader thread one batch ahead, as by default, or none), or
 only the reading and decoding of what it reads."""
@@ -110,8 +110,8 @@ def bench_memory(args: argparse.Namespace) -> list[dict]:
 
 
 def _bench_info(args: argparse.Namespace, version: int):
-    from moestab.records import schema
-    from moestab.records.run_info import ModelInfo, RunInfo
+    from moestab.run_folder import schema
+    from moestab.run_folder.run_info import ModelInfo, RunInfo
 
     return RunInfo(
         config={"algo": "gspo", "routing_replay": "off", "model": "synthetic", "steps": 1},
@@ -127,9 +127,9 @@ def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path
     import pyarrow as pa
 
     from moestab.analysis.synthetic import synthetic_routes
-    from moestab.records import RunFolder, schema
-    from moestab.records.route_columns import encode_routes, route_layout_for, with_route_layout
-    from moestab.records.writer import RunWriter
+    from moestab.run_folder import RunFolder, schema
+    from moestab.run_folder.route_columns import encode_routes, route_layout_for, with_route_layout
+    from moestab.run_folder.writer import RunWriter
 
     run = root / f"bench_run_v{version}"
     folder = RunFolder(run)
@@ -181,8 +181,8 @@ def _vm_hwm() -> float | None:
 def _decode(run: str, batch_rows: int | None) -> int:
     """Stream what ``run_volatility`` reads (its two route columns decoded, its key columns) and nothing else;
     returns the decisions decoded per route column."""
-    from moestab.records import schema
-    from moestab.records.reader import iter_run_routes, read_run_info
+    from moestab.run_folder import schema
+    from moestab.run_folder.reader import iter_run_routes, read_run_info
 
     columns = [schema.COL_ROUTES_OLD_FREE, schema.COL_ROUTES_NEW]
     others = [schema.COL_STEP, schema.COL_MINIBATCH, schema.COL_POSITION]
@@ -226,7 +226,7 @@ def _shape_args(args: argparse.Namespace) -> list[str]:
 def bench_stream(args: argparse.Namespace) -> dict[tuple[int, str], dict]:
     """Best-of-``rounds`` streaming of one run folder per layout of ``args.versions``, by ``run_volatility`` and by
     its decoding alone (:data:`STREAM_MODES`), rounds interleaved."""
-    from moestab.records import schema
+    from moestab.run_folder import schema
 
     decisions = args.tokens * args.layers
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
@@ -270,8 +270,8 @@ def _full_table(args: argparse.Namespace, version: int):
     import pyarrow as pa
 
     from moestab.analysis.synthetic import synthetic_routes
-    from moestab.records import schema
-    from moestab.records.route_columns import encode_routes, route_layout_for, with_route_layout
+    from moestab.run_folder import schema
+    from moestab.run_folder.route_columns import encode_routes, route_layout_for, with_route_layout
 
     n, layers = args.tokens, args.layers
     rng = np.random.default_rng(2)
@@ -307,8 +307,8 @@ def _full_table(args: argparse.Namespace, version: int):
 
 def sizes_child(root: str, args: argparse.Namespace, version: int) -> None:
     """Write one whole step table of ``version`` with ``RunWriter``; print its sizes per column as JSON."""
-    from moestab.records import RunFolder, schema
-    from moestab.records.writer import RunWriter
+    from moestab.run_folder import RunFolder, schema
+    from moestab.run_folder.writer import RunWriter
 
     run = Path(root) / f"sizes_v{version}"
     RunFolder(run).tokens_dir.mkdir(parents=True)
@@ -323,7 +323,7 @@ def sizes_child(root: str, args: argparse.Namespace, version: int) -> None:
 
 def bench_sizes(args: argparse.Namespace) -> None:
     """Print, per layout, the bytes of a whole step table on disk and in Arrow memory, by column group."""
-    from moestab.records import schema
+    from moestab.run_folder import schema
 
     tokens, decisions = args.tokens, args.tokens * args.layers
     groups = {"route columns (5)": list(schema.ROUTE_COLUMNS),

@@ -80,11 +80,11 @@ from moestab import rl
 from moestab.metrics.routes import intersection_sizes
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, save_policy
 from moestab.recording.batch import RolloutBatch
-from moestab.recording.budget import MeasureBudget
+from moestab.recording.measure_budget import MeasureBudget
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_tensors import StepTensors
-from moestab.records.schema import GATE_REPLAY_MODES
 from moestab.routing import RoutingRecorder, find_routers
+from moestab.run_folder.schema import GATE_REPLAY_MODES
 from moestab.tasks import Example, Task, task_from_spec
 from moestab.train.forward import chunked_policy_forward, policy_forward
 from moestab.train.optim import build_optimizer

@@ -102,7 +102,7 @@ def main() -> None:
     from trl import GRPOConfig
 
     from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
-    from moestab.recording.budget import MeasureBudget
+    from moestab.recording.measure_budget import MeasureBudget
 
     task = task_from_spec(a.task)
     cycles = 2 * (a.pairs + 1)

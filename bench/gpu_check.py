@@ -67,9 +67,9 @@ import moestab
 from moestab.experiments.gaps import policy_gaps, replay_gaps
 from moestab.models import tiny_config
 from moestab.models.tokenizer import build_char_tokenizer
-from moestab.records.reader import load_metrics
 from moestab.routing import Routes, RoutingRecorder, RoutingReplay
 from moestab.routing.host_sync import describe, find_host_syncs
+from moestab.run_folder.reader import load_metrics
 from moestab.tasks import task_from_spec
 
 COLUMNS = ("section", "model", "case", "mode", "quantity", "value", "unit", "note")

@@ -8,7 +8,7 @@ Importing the package has no side effects; subpackages are imported on demand:
 - ``moestab.tasks``    verifiable-reward tasks
 - ``moestab.train``    the GSPO/GRPO training loop behind ``moestab train``
 - ``moestab.metrics``  the one definition of every metric (numpy), shared by the trainer and the analyzers
-- ``moestab.records``  the run-folder format: the only reader and writer of run folders
+- ``moestab.run_folder``  the run-folder format: the only reader and writer of run folders
 - ``moestab.analysis`` analyzers over run folders
 - ``moestab.integrations`` moestab's records inside other trainers (TRL's GRPOTrainer; optional dependency)
 """

@@ -166,7 +166,7 @@ sm = grid_metrics(stress)
 STRESS
 
 # %%
-from moestab.records.reader import read_run_info
+from moestab.run_folder.reader import read_run_info
 
 # Step 0 of the eval curve: each run's accuracy before RL (the warm-started base).
 start = pd.DataFrame([{**run.values, "step": 0, "eval/accuracy": read_run_info(run.run_dir).warm_start_accuracy}
@@ -210,7 +210,7 @@ phase.groupby(["algo", "routing_replay", "phase"], observed=True)[how].mean().ro
 
 # %%
 from moestab.analysis.ratios import histogram, ratio_quantiles
-from moestab.records.reader import load_tokens
+from moestab.run_folder.reader import load_tokens
 
 tokens, quantiles = {}, []
 for run in stress:

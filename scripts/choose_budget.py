@@ -6,12 +6,12 @@ budget fraction against their step-to-step spread, on the default job.
 Trains the default job (``moestab train``'s defaults: GSPO, replay off, the embedded policy, 32 prompts x 8) on a
 seed reserved for this choice (900: the seeds results are reported on are never used to choose a setting), measured
 in full (budget 1, every sequence in the tables), unless ``--run`` names such a run already. Then, per step, the
-expected sampling error of ``routing/old_new/router_flip`` at each fraction (:mod:`moestab.analysis.budget`) and the
-spread of the full rate over steps; a fraction passes when its largest error over the steps is below a tenth of
+expected sampling error of ``routing/old_new/router_flip`` at each fraction (:mod:`moestab.analysis.budget_error`) and
+the spread of the full rate over steps; a fraction passes when its largest error over the steps is below a tenth of
 the spread. No fraction below 1 passes, so the default measures whole steps: every N-th one, in full (sampling
-error 0). The last table shows what that costs the run mean (:func:`moestab.analysis.budget.every_errors`); N itself
-is the smallest power of two meeting the speed targets of ``bench/bench_train.py --measure-every N``
-(``moestab.recording.budget.DEFAULT_EVERY``). docs/benchmarks.md records the output.
+error 0). The last table shows what that costs the run mean (:func:`moestab.analysis.budget_error.every_errors`); N
+itself is the smallest power of two meeting the speed targets of ``bench/bench_train.py --measure-every N``
+(``moestab.recording.measure_budget.DEFAULT_EVERY``). docs/benchmarks.md records the output.
 
 Why the last column: when the spread of the rate from step to step comes mostly from which prompts the step drew (a
 between-group spread ``S / sqrt(M)``), the error of measuring ``m = f M`` of the ``M`` groups is about
@@ -24,8 +24,8 @@ import argparse
 import math
 from pathlib import Path
 
-from moestab.analysis.budget import budget_choice, budget_errors, every_errors, group_counts
-from moestab.recording.budget import MeasureBudget
+from moestab.analysis.budget_error import budget_choice, budget_errors, every_errors, group_counts
+from moestab.recording.measure_budget import MeasureBudget
 from moestab.train import TrainConfig, train
 
 FRACTIONS = (0.0625, 0.125, 0.25, 0.5, 1.0)

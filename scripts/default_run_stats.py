@@ -19,7 +19,7 @@ from pathlib import Path
 
 from moestab.metrics import keys
 from moestab.recording.environment import cpu
-from moestab.records.reader import load_metrics, read_run_info
+from moestab.run_folder.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
 ROWS = (

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from moestab.configs import load_yaml
 from moestab.metrics import keys
-from moestab.records.reader import load_metrics
+from moestab.run_folder.reader import load_metrics
 from moestab.train import TrainConfig, train
 
 CHANGED = keys.ROUTING_CHANGED.format(pair="old_new")  # routing/old_new/changed

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from moestab.metrics import keys
-from moestab.records.reader import load_metrics, read_run_info
+from moestab.run_folder.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
 KEYS = (

@@ -20,9 +20,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from moestab.records import schema
-from moestab.records.reader import list_checkpoints, list_token_files, load_metrics, read_run_info
-from moestab.train.run_folder import config_defaults
+from moestab.run_folder import schema
+from moestab.run_folder.reader import list_checkpoints, list_token_files, load_metrics, read_run_info
+from moestab.train.run_lifetime import config_defaults
 
 TIMING_PREFIX = "time/"
 

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from moestab.probes.one_step import StepRecipe, one_step_with_tensors, prepare_tokenizer
     from moestab.probes.volatility_sources import volatility_sources
-    from moestab.records import RunFolder
-    from moestab.records.reader import read_run_info
+    from moestab.run_folder import RunFolder
+    from moestab.run_folder.reader import read_run_info
     from moestab.tasks import task_from_spec
     from moestab.train.checkpoint import restore_training_state
     from moestab.train.optim import build_optimizer

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from moestab.cli import main
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.models import damaged_model
 
 MAX_ERR = 2000  # characters of stderr a refusal may take: a line or two, never the echo of a huge value

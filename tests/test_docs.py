@@ -10,7 +10,7 @@ import pytest
 
 from moestab.analysis.summary import SUMMARY_COLUMNS, SUMMARY_KEYS
 from moestab.metrics import keys as metric_keys
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.train import train
 from tests.support.train import tiny_config
 

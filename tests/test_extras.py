@@ -41,8 +41,8 @@ def test_the_core_imports_no_extra():
     # What a trainer's environment imports: recording, replay, records, analysis, importers, diagnostics, the verl
     # recipe, the trainer and the CLI. (moestab.integrations.trl imports TRL, which imports wandb and trackio itself.)
     code = ("import sys\n"
-            "import moestab.routing, moestab.records, moestab.analysis, moestab.recording.diagnostics\n"
-            "import moestab.integrations.routes_in, moestab.integrations.verl, moestab.train.loop, moestab.cli\n"
+            "import moestab.routing, moestab.run_folder, moestab.analysis, moestab.recording.diagnostics\n"
+            "import moestab.routes_in, moestab.integrations.verl, moestab.train.loop, moestab.cli\n"
             "print(sorted(m for m in ('matplotlib', 'streamlit', 'jupytext', 'nbclient', 'wandb', 'tensorboard', "
             "'trackio', 'trl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -18,15 +18,15 @@ LAYERS: dict[str, int] = {
     # 0: foundations (``moestab/__init__.py`` holds only the version)
     "__init__": 0, "text": 0, "charset": 0, "extras": 0,
     # 1: typed configs and their shared rules; the run folder's layout, writers and readers
-    "configs": 1, "records": 1,
+    "configs": 1, "run_folder": 1,
     # 2: the metric definitions (numpy) and the table of metrics.jsonl keys
     "metrics": 2,
     # 3: hooks, tasks, loss math (torch)
     "routing": 3, "tasks": 3, "rl": 3,
     # 4: models built on the hooks
     "models": 4,
-    # 5: what every trainer records, and what every reader computes
-    "recording": 5, "analysis": 5,
+    # 5: what every trainer records, the routes engines and frameworks hand in, and what every reader computes
+    "recording": 5, "routes_in": 5, "analysis": 5,
     # 6: trainers
     "train": 6, "integrations": 6,
     # 7: built on the trainer

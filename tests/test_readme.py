@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from moestab.cli import build_parser
-from moestab.integrations.routes_in import IMPORTERS
-from moestab.records import schema
+from moestab.routes_in import IMPORTERS
+from moestab.run_folder import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -48,7 +48,7 @@ HANDLING = {
     "moestab train --nproc 2 --steps 2 --out runs/two-procs": PARSED,
     "from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings": ELSEWHERE,
     "from trl import GRPOConfig": RUN,
-    "from moestab.integrations.routes_in import import_routes": RUN,
+    "from moestab.routes_in import import_routes": RUN,
     "# vLLM (RequestOutput objects or the server's JSON; 0.33's one-array layout has a row per decoder layer)": BOUND,
     "from moestab.integrations.verl import route_metrics": RUN,
     "checkpoint          layer 0  layer 1  layer 2  layer 3": OUTPUT,
@@ -217,11 +217,11 @@ def verl_batch() -> tuple[dict[str, torch.Tensor], int]:
 
 
 def test_bring_your_routes_runs_top_to_bottom_on_a_verl_batch(tmp_path, monkeypatch):
-    from moestab.records.reader import load_metrics
+    from moestab.run_folder.reader import load_metrics
 
     monkeypatch.chdir(tmp_path)  # the block writes runs/verl-r3
     batch, decisions = verl_batch()
-    out = run_block(block("from moestab.integrations.routes_in import import_routes"), batch=batch, step=1)
+    out = run_block(block("from moestab.routes_in import import_routes"), batch=batch, step=1)
     metrics = load_metrics(tmp_path / "runs" / "verl-r3")
     assert len(metrics) == 1
     assert metrics["routing/rollout_old_free/router_flip"].iloc[0] == pytest.approx(1 / decisions)

@@ -1,6 +1,6 @@
 """Analyzers over run folders (docs/run-format.md): pure functions over numpy / pandas.
 
-Reading a run folder is :mod:`moestab.records` (re-exported here: ``read_run_info``, ``load_metrics``,
+Reading a run folder is :mod:`moestab.run_folder` (re-exported here: ``read_run_info``, ``load_metrics``,
 ...); every metric's definition is :mod:`moestab.metrics`. Modules, by concept:
 
 - ``volatility``   routing change between two route sets (slot, router, token level; by layer,
@@ -32,8 +32,8 @@ from moestab.analysis.volatility import (
     volatility_counts,
     volatility_table,
 )
-from moestab.records.errors import NotARunError, RunError, RunFileError, SchemaVersionError, Skipped
-from moestab.records.reader import (
+from moestab.run_folder.errors import NotARunError, RunError, RunFileError, SchemaVersionError, Skipped
+from moestab.run_folder.reader import (
     RunInfo,
     iter_run_batches,
     iter_token_batches,

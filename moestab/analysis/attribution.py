@@ -3,7 +3,7 @@
 A token is *flipped* when, in at least one recorded layer, its expert set differs between two
 route sets (``update_old`` by default: ``routes_update`` vs ``routes_old``, the routes that produced
 ``logp_update`` and ``logp_old``, i.e. exactly the two sides of ``log w`` — under R2, R3 and TRR both sides
-replay the same routes, so no token is flipped; or any pair of :data:`moestab.records.schema.ROUTE_PAIRS`).
+replay the same routes, so no token is flipped; or any pair of :data:`moestab.run_folder.schema.ROUTE_PAIRS`).
 Tokens with no recorded layer are left out. The first minibatch of every step updates from pi_old's own weights,
 so its ``log w`` is exactly 0 whatever the routing: it is kept apart (``by_minibatch``) and the flipped-vs-unflipped
 comparison of ``groups`` / ``explained`` is over minibatches 2..n only (pooling it in put every first-minibatch token
@@ -30,9 +30,9 @@ import pandas as pd
 from moestab.analysis.bins import quantile_bin_index, quantile_edges
 from moestab.metrics.kl import EXTREME_LOG_RATIO
 from moestab.metrics.routes import INVALID, intersection_sizes
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunFileError, Skipped, skip
-from moestab.records.reader import (
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunFileError, Skipped, skip
+from moestab.run_folder.reader import (
     iter_run_batches,
     iter_run_routes,
     list_token_files,
@@ -178,7 +178,7 @@ class Attribution:
     """Result of :func:`run_attribution`."""
 
     pair: str
-    """Route pair that defines a flip (a key of :data:`moestab.records.schema.ROUTE_PAIRS`)."""
+    """Route pair that defines a flip (a key of :data:`moestab.run_folder.schema.ROUTE_PAIRS`)."""
     groups: pd.DataFrame
     """:func:`flip_groups` over the run's recorded tokens of minibatches 2..n (the first one's log w is 0)."""
     explained: pd.DataFrame

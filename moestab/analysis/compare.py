@@ -4,7 +4,7 @@ a standard deviation per step, curves smoothed, and the metrics.jsonl keys the r
 The question these serve is "did routing volatility rise, and did it hurt GRPO more than GSPO?": one answer needs
 several seeds per condition (one seed's curve is mostly noise) and the conditions told apart by what their configs
 say, not by folder names. Pure functions over configs (``RunInfo.config``) and metrics frames
-(:func:`moestab.records.reader.load_metrics`); the dashboard's Compare page draws what they return, and nothing here
+(:func:`moestab.run_folder.reader.load_metrics`); the dashboard's Compare page draws what they return, and nothing here
 imports Streamlit. Every value is a metrics.jsonl number: grouping, averaging over seeds and smoothing reshape
 numbers, they define no metric.
 """

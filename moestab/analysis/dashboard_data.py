@@ -20,10 +20,10 @@ from moestab.analysis.ratios import histogram
 from moestab.analysis.summary import run_summary
 from moestab.metrics import keys
 from moestab.metrics.experts import coactivation_counts
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunError, Skipped
-from moestab.records.folder import RUN_SUBFOLDERS
-from moestab.records.reader import iter_run_batches, load_metrics, read_run_info, route_array, route_layout
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunError, Skipped
+from moestab.run_folder.folder import RUN_SUBFOLDERS
+from moestab.run_folder.reader import iter_run_batches, load_metrics, read_run_info, route_array, route_layout
 
 OVERVIEW_EXTRA_COLUMNS = ("planned_steps", "updated", "error", "first_step", "last_step")
 """Keys :func:`run_overview` adds to :func:`moestab.analysis.summary.run_summary`'s row."""

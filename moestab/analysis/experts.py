@@ -12,9 +12,9 @@ import pandas as pd
 
 from moestab.metrics import keys
 from moestab.metrics.experts import coactivation, coactivation_counts, expert_counts, load_stats
-from moestab.records import schema
-from moestab.records.errors import Skipped
-from moestab.records.reader import iter_run_routes, read_run_info
+from moestab.run_folder import schema
+from moestab.run_folder.errors import Skipped
+from moestab.run_folder.reader import iter_run_routes, read_run_info
 
 __all__ = [
     "coactivation",

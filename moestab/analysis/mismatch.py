@@ -1,6 +1,6 @@
 """Rollout -> trainer mismatch of a run's recorded tokens, on both sides of pi_old.
 
-Two comparisons (docs/metrics.md; pairs named as in :data:`moestab.records.schema.LOGP_PAIRS`):
+Two comparisons (docs/metrics.md; pairs named as in :data:`moestab.run_folder.schema.LOGP_PAIRS`):
 
 - ``rollout_old``: the rollout engine vs pi_old *as used in the ratio* (``logp_old``,
   ``routes_old``) — what the loss sees; R3 (and TRR) shrink it by replaying the rollout's routes.
@@ -22,9 +22,9 @@ import pandas as pd
 
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics.mismatch import MISMATCH_STATS, mismatch_stats
-from moestab.records import schema
-from moestab.records.errors import Skipped
-from moestab.records.reader import load_tokens
+from moestab.run_folder import schema
+from moestab.run_folder.errors import Skipped
+from moestab.run_folder.reader import load_tokens
 
 PAIRS = schema.LOGP_PAIRS
 """Mismatch pairs by name: ``(sampler log-prob column, trainer log-prob column)``."""

@@ -24,9 +24,9 @@ from moestab.analysis.experts import metrics_per_layer
 from moestab.analysis.ratios import ratio_histograms
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics import keys
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunFileError, Skipped, skip
-from moestab.records.reader import list_token_files, load_metrics, load_tokens, read_run_info
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunFileError, Skipped, skip
+from moestab.run_folder.reader import list_token_files, load_metrics, load_tokens, read_run_info
 
 CURVE_KEYS = ((keys.REWARD_MEAN, "reward (mean)", "reward per response (task's scale)"),
               (keys.ACCURACY, "rollout accuracy", "fraction of responses correct"),

@@ -8,7 +8,7 @@ the mean over its response.
 
 Inputs are per-token DataFrames with the run-format columns used by each function (``step``,
 ``seq``, ``log_w``, ``clipped``, ``response_length``), e.g. from
-:func:`moestab.records.reader.load_tokens`.
+:func:`moestab.run_folder.reader.load_tokens`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pandas as pd
 from moestab.analysis.bins import DEFAULT_LENGTH_EDGES, bin_left_edges
 from moestab.metrics.ratios import CLIP_FRACTIONS, sequence_log_ratios
 from moestab.metrics.ratios import clip_fractions as clip_stats
-from moestab.records import schema
+from moestab.run_folder import schema
 
 DEFAULT_QUANTILES: tuple[float, ...] = (0.001, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 0.999)
 

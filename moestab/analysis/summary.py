@@ -20,9 +20,9 @@ from moestab.analysis.ratios import clip_fractions
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics import keys
 from moestab.metrics.sampling import mean_se
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunFileError, Skipped, skip
-from moestab.records.reader import (
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunFileError, Skipped, skip
+from moestab.run_folder.reader import (
     list_token_files,
     load_metrics,
     load_tokens,
@@ -72,7 +72,7 @@ SUMMARY_COLUMNS = (
 - the keys of :data:`SAMPLING_ERRORS`, each beside its step mean: the sampling error of that mean under a
   measurement budget that samples sequences; NaN (no sampling error applies) when every measured step scored every
   sequence;
-- ``damage``: why the run is ``damaged`` (:func:`~moestab.records.reader.metrics_step_problem`), else ``None``;
+- ``damage``: why the run is ``damaged`` (:func:`~moestab.run_folder.reader.metrics_step_problem`), else ``None``;
 - ``path``: the run folder.
 """
 

@@ -30,10 +30,10 @@ from moestab.metrics.routes import (
     parallel_map,
     thread_workers,
 )
-from moestab.records import schema
-from moestab.records.errors import Skipped
-from moestab.records.prefetch import prefetch
-from moestab.records.reader import iter_run_routes, read_run_info
+from moestab.run_folder import schema
+from moestab.run_folder.errors import Skipped
+from moestab.run_folder.prefetch import prefetch
+from moestab.run_folder.reader import iter_run_routes, read_run_info
 
 __all__ = [
     "INVALID",
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 PAIRS = schema.ROUTE_PAIRS
-"""Route-column pairs by name (see :data:`moestab.records.schema.ROUTE_PAIRS`); metrics are symmetric."""
+"""Route-column pairs by name (see :data:`moestab.run_folder.schema.ROUTE_PAIRS`); metrics are symmetric."""
 
 METRICS = CHANGE_METRICS
 
@@ -388,10 +388,10 @@ def run_volatility(
     Counts are keyed by ``step``, ``minibatch``, ``position_bin`` (left edge of the response-
     position bin of ``position_edges``) and ``layer`` (labels from ``run.json``
     ``model.recorded_layers``). Memory is bounded by ``batch_rows`` (default: see
-    :func:`~moestab.records.reader.default_batch_rows`), not by the size of the run.
+    :func:`~moestab.run_folder.reader.default_batch_rows`), not by the size of the run.
     Returns ``None`` if no per-token table could be read; unreadable parts go to ``skipped``
     (raise with ``skipped=None``). ``read_ahead`` batches are read and decoded ahead on a background thread
-    while this one counts (:func:`~moestab.records.prefetch.prefetch`; 0: none).
+    while this one counts (:func:`~moestab.run_folder.prefetch.prefetch`; 0: none).
     """
     if pair not in PAIRS:
         raise ValueError(f"unknown route pair {pair!r}; valid: {sorted(PAIRS)}")

@@ -73,7 +73,7 @@ def _summaries(paths: list[Path], said: set, steps: tuple[int, int] | None = Non
     """The summary row of each readable run, and how many folders were errors (neither a run nor a probe folder,
     or a run that cannot be read); each error and each skipped probe folder is said on stderr."""
     from moestab.analysis.summary import run_summary
-    from moestab.records.errors import NotARunError, RunError
+    from moestab.run_folder.errors import NotARunError, RunError
 
     rows, errors = [], 0
     for path in paths:
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     from moestab.analysis.summary import SUMMARY_COLUMNS
     from moestab.extras import MissingExtraError, require
-    from moestab.records.reader import finite_or_none
+    from moestab.run_folder.reader import finite_or_none
 
     problem = output_problem(args.json, args.csv)
     if problem is None and args.plots is not None:
@@ -152,8 +152,8 @@ def _write_plots(out: Path, runs: list[Path], names: list[str], starts: list[flo
     import pandas as pd
 
     from moestab.analysis.plots import plot_curves, save_figure, write_run_plots
-    from moestab.records.errors import RunError
-    from moestab.records.reader import load_metrics
+    from moestab.run_folder.errors import RunError
+    from moestab.run_folder.reader import load_metrics
 
     used: dict[str, int] = {}
     frames, start_of = [], {}

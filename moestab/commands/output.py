@@ -1,7 +1,7 @@
 """``--json [FILE]`` and ``--csv [FILE]``: one convention for every command that has them (analyze, probe).
 
 FILE given: the output is written there, replacing a file already there, unless that file is a run's or a model
-folder's own (``moestab.records.owned``: refused before any work); missing folders are created, saying so. No FILE,
+folder's own (``moestab.run_folder.owned``: refused before any work); missing folders are created, saying so. No FILE,
 or ``-``: it goes to stdout, which then carries that output only (the text tables are not printed), so
 ``moestab analyze runs/* --json | jq`` parses. Both options may be given as long as at most one goes to stdout.
 Without FILE the option goes after the positional arguments (``analyze RUN --json``): ``analyze --json RUN`` would
@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from moestab.records.files import read_only_above
-from moestab.records.owned import owner
+from moestab.run_folder.files import read_only_above
+from moestab.run_folder.owned import owner
 
 STDOUT = "-"
 """The target of ``--json`` / ``--csv`` given without FILE (or with ``-``)."""
@@ -40,7 +40,7 @@ def add_output_options(parser: argparse.ArgumentParser, *, json_what: str, csv_w
 def output_problem(json_target: str | None, csv_target: str | None) -> str | None:
     """Why ``--json`` / ``--csv`` could not be written, checked before any work; ``None`` when they can: both on
     stdout, a FILE that is a folder, a FILE under a path that is a file, or a FILE that is a run's or a model
-    folder's own (:func:`moestab.records.owned.owner`)."""
+    folder's own (:func:`moestab.run_folder.owned.owner`)."""
     if json_target == STDOUT and csv_target == STDOUT:
         return "--json and --csv both go to stdout; give one of them a FILE"
     for option, target in (("--json", json_target), ("--csv", csv_target)):

@@ -24,16 +24,16 @@ def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from moestab.configs import ConfigError
-    from moestab.records.errors import RunError
-    from moestab.records.run_info import read_run_info
     from moestab.routing import RoutingError
+    from moestab.run_folder.errors import RunError
+    from moestab.run_folder.run_info import read_run_info
     from moestab.tasks import TaskError
     from moestab.text import MESSAGE_LIMIT, clip
     from moestab.train import TrainingError, train
     from moestab.train.config import load_train_config
     from moestab.train.distributed import world_from_env
     from moestab.train.interrupt import exit_status
-    from moestab.train.run_folder import RunCrashedError
+    from moestab.train.run_lifetime import RunCrashedError
 
     hf_logging.disable_progress_bar()  # per-checkpoint load/save bars would drown the training bar
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "config")}

@@ -32,7 +32,7 @@ from moestab.experiments.grid import GridRun, grid_metrics, grid_runs, is_finish
 from moestab.experiments.stability import COLLAPSE_DROP, run_stability
 from moestab.metrics import keys
 from moestab.metrics.paired import paired_interval
-from moestab.records.reader import load_metrics
+from moestab.run_folder.reader import load_metrics
 
 logger = logging.getLogger(__name__)
 """The experiment's notes when :func:`run_scan` / :func:`run_evaluation` are given no ``log``."""

@@ -12,10 +12,10 @@ from typing import Any
 import pandas as pd
 
 from moestab.configs import build_config, config_to_dict
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunError
-from moestab.records.lock import RunLockedError
-from moestab.records.reader import load_metrics, read_run_info
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunError
+from moestab.run_folder.lock import RunLockedError
+from moestab.run_folder.reader import load_metrics, read_run_info
 from moestab.train import TrainConfig, train
 
 logger = logging.getLogger(__name__)

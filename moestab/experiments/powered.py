@@ -29,7 +29,7 @@ from moestab.experiments.registration import check_registered
 from moestab.experiments.stability import run_stability
 from moestab.metrics.paired import min_detectable_difference, paired_interval, t_cdf
 from moestab.models.spec import parse_model_spec
-from moestab.records.reader import read_run_info
+from moestab.run_folder.reader import read_run_info
 
 BASELINE = "moe_grpo_off"
 ARMS: dict[str, dict[str, Any]] = {

@@ -28,7 +28,7 @@ from moestab.experiments.grid import GridRun, grid_runs, is_finished, run_grid
 from moestab.experiments.registration import check_registered
 from moestab.experiments.stability import run_stability
 from moestab.metrics import keys
-from moestab.records.reader import load_metrics
+from moestab.run_folder.reader import load_metrics
 
 THRESHOLD = 0.05
 """The manipulation check: at least this share of routed slots changes old -> new per step (GSPO: ~10%)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from moestab.metrics import keys
-from moestab.records.reader import load_metrics, read_run_info
+from moestab.run_folder.reader import load_metrics, read_run_info
 
 SPIKE_FACTOR = 3.0
 """A step spikes when its largest minibatch gradient norm exceeds this many times the run's median."""

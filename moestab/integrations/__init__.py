@@ -2,7 +2,7 @@
 
 - ``moestab.integrations.trl``: TRL's ``GRPOTrainer`` (GRPO and GSPO) writing moestab run folders
   (``pip install 'moestab[trl]'``).
-- ``moestab.integrations.routes_in``: routes in from vLLM, SGLang, verl, Megatron-Core, NeMo Automodel, prime-rl,
+- ``moestab.routes_in``: routes in from vLLM, SGLang, verl, Megatron-Core, NeMo Automodel, prime-rl,
   NeMo-RL, SkyRL, tunix / MaxText and slime payloads, as moestab's ``Routes`` (no framework imported;
   docs/integrations.md).
 - ``moestab.integrations.verl``: ``route_metrics``, rollout-vs-actor route diagnostics for a verl trainer's metrics.

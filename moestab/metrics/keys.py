@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from moestab.metrics.ratios import RATIO_QUANTILES
 from moestab.metrics.routing_share import ROUTING_SHARE_STATS
-from moestab.records import schema
+from moestab.run_folder import schema
 
 # ---- types and shapes ---------------------------------------------------------------------------------------
 FLOAT = "float"
@@ -123,7 +123,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     ),
     "experts": ("Experts (`moestab.metrics.experts`)", ""),
     "measure": (
-        "Measurement budget (`moestab.recording.budget`, `moestab.metrics.sampling`)",
+        "Measurement budget (`moestab.recording.measure_budget`, `moestab.metrics.sampling`)",
         "The forwards that exist only to measure (pi_new; the free pi_old under R3 / TRR; routing's share's "
         "counterfactual) run on a seeded sample of whole groups and/or every N-th step. The keys they feed "
         "(`routing/old_new/*`, and under R3 / TRR `routing/rollout_old_free/*`, `mismatch/rollout_old_free/*`, "
@@ -137,7 +137,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
 }
 
 ROUTE_METRIC_PAIRS = ("old_new", *schema.LOGP_PAIRS)
-"""Route pairs (:data:`moestab.records.schema.ROUTE_PAIRS`) whose change every step logs."""
+"""Route pairs (:data:`moestab.run_folder.schema.ROUTE_PAIRS`) whose change every step logs."""
 QUANTILES = tuple(f"{q:g}" for q in RATIO_QUANTILES)
 """The ratio quantiles every step logs, as written in the keys (``ratio/token_q0.99``)."""
 
@@ -199,7 +199,7 @@ _STEP = "moestab.train.step"
 _DIAG = "moestab.recording.diagnostics.route_diagnostics"
 
 # ---- the table, in metrics.jsonl's order --------------------------------------------------------------------------
-STEP = _row("step", INT, "moestab.recording.recorder.write_step_metrics", "1-based step", computed=False)
+STEP = _row("step", INT, "moestab.recording.step_records.write_step_metrics", "1-based step", computed=False)
 TIME_STEP = _row("time/step_s", FLOAT, f"{_STEP}.run_step", "wall time of the step (s), metrics excluded "
                  "(TRL: of the generation batch and its optimizer steps)", computed=False)
 TIME_ROLLOUT = _row("time/rollout_s", FLOAT, f"{_STEP}.run_step", "wall time of the rollout and its scoring (s)",

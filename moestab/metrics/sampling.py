@@ -50,8 +50,8 @@ def mean_se(step_se: np.ndarray) -> float:
 def sample_groups(n_groups: int, fraction: float, seed: int) -> torch.Tensor:
     """``[m]`` sorted indices of the ``m = max(1, ceil(fraction * n_groups))`` groups a measurement budget measures
     (all of them at ``fraction`` 1): the first ``m`` of ``torch.randperm(n_groups)`` seeded with ``seed``. The rule
-    run.json records (``moestab.recording.budget.RULE``); the one place it is written. torch is imported here, not
-    with the module: the analyzers import this module and must start without torch."""
+    run.json records (``moestab.recording.measure_budget.RULE``); the one place it is written. torch is imported here,
+    not with the module: the analyzers import this module and must start without torch."""
     import torch
 
     if fraction >= 1.0:

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from moestab.models.families import tiny_config
 from moestab.models.spec import EmbeddedModelSpec
 from moestab.models.tokenizer import build_char_tokenizer
-from moestab.records.folder import replace_folder
+from moestab.run_folder.folder import replace_folder
 
 
 def build_embedded_policy(spec: EmbeddedModelSpec | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -55,7 +55,7 @@ def write_policy(
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write the Hugging Face folder of ``model`` and ``tokenizer`` into ``folder``, as it goes (not atomically: the
-    callers write into a temporary folder, :func:`moestab.records.folder.replace_folder`)."""
+    callers write into a temporary folder, :func:`moestab.run_folder.folder.replace_folder`)."""
     model.save_pretrained(folder, state_dict=state_dict)
     tokenizer.save_pretrained(folder)
 

@@ -11,12 +11,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from moestab.models.tokenizer import tokenizer_overflow
 from moestab.probes.errors import ProbeError
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunError, SchemaVersionError
-from moestab.records.reader import list_checkpoints, read_run_info
 from moestab.routing import find_routers
 from moestab.routing.compat import check_generate_recording
 from moestab.routing.errors import IncompatibleTransformersError, RoutingError
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunError, SchemaVersionError
+from moestab.run_folder.reader import list_checkpoints, read_run_info
 from moestab.text import ECHO_LIMIT, clip
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

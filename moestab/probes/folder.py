@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from moestab.probes.errors import ProbeError
-from moestab.records.files import atomic_write_text, read_only_above
+from moestab.run_folder.files import atomic_write_text, read_only_above
 
 PROBE_JSON = "probe.json"
 TABLE_COLUMN = "table"

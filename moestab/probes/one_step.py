@@ -26,7 +26,7 @@ from moestab.probes.checkpoints import Checkpoint
 from moestab.probes.errors import ProbeError
 from moestab.probes.suites import TASK_PREFIX, ProbeSuite
 from moestab.recording.step_tensors import StepTensors
-from moestab.records.reader import read_run_info
+from moestab.run_folder.reader import read_run_info
 from moestab.tasks import DEFAULT_TASK, Example, Task, refuse_code_named_by, task_from_spec
 from moestab.text import shown
 from moestab.train.config import TrainConfig

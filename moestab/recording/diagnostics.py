@@ -2,7 +2,7 @@
 
 A trainer that moestab does not run (verl, Megatron-Core, NeMo, prime-rl, AReaL, slime, ...) hands over, once per step,
 the response tokens' routes as its rollout engine chose them and as its own forward chose them (``[tokens, layers,
-top_k]``, -1 where not recorded; ``moestab.integrations.routes_in`` turns each framework's payload into these), and,
+top_k]``, -1 where not recorded; ``moestab.routes_in`` turns each framework's payload into these), and,
 when it has them, the two sides' log-probs of the same tokens. :func:`route_diagnostics` returns the step's metrics
 under the keys of :mod:`moestab.metrics.keys` (``routing/<pair>/*``, ``mismatch/<pair>/*``, ``experts/*``), computed
 by the same functions as every moestab step, and with ``aliases=True`` the same numbers under the names other
@@ -31,11 +31,11 @@ from moestab.metrics.experts import expert_counts as count_experts
 from moestab.metrics.experts import max_violation
 from moestab.metrics.mismatch import mismatch_spread, mismatch_stats
 from moestab.metrics.routes import check_routes, route_change_of
-from moestab.recording.recorder import write_step_metrics
+from moestab.recording.step_records import write_step_metrics
 from moestab.recording.trackers import TrackedRun, check_trackers, open_trackers, run_id
-from moestab.records import Remedies, RunFolder, schema
-from moestab.records.run_info import ModelInfo
-from moestab.records.writer import RunWriter
+from moestab.run_folder import Remedies, RunFolder, schema
+from moestab.run_folder.run_info import ModelInfo
+from moestab.run_folder.writer import RunWriter
 
 DIAGNOSTICS_PAIRS = tuple(schema.LOGP_PAIRS)
 """What the trainer's side is (the ``pair`` of the keys): ``rollout_old_free`` (default: the trainer's own free
@@ -80,7 +80,7 @@ def _routes(value: Any, field: str) -> np.ndarray:
         token, layer = (int(i) for i in np.argwhere(repeated)[0])
         raise ValueError(f"{field}[{token}, {layer}] names an expert twice ({routes[token, layer].tolist()}); a "
                          "top-k decision holds k distinct experts (an engine's zero-filled unrecorded rows: import the "
-                         "payload with moestab.integrations.routes_in, which marks them -1)")
+                         "payload with moestab.routes_in, which marks them -1)")
     return routes
 
 

@@ -32,7 +32,7 @@ from moestab.metrics.routes import intersection_sizes, route_change
 from moestab.metrics.routing_share import routing_share, routing_share_by_minibatch
 from moestab.metrics.sampling import ratio_se
 from moestab.recording.step_tensors import StepTensors
-from moestab.records import schema
+from moestab.run_folder import schema
 
 LOSS_DIAGNOSTIC_PREFIXES = ("objective/", "kl/", "rspo/")
 """Loss diagnostics logged as their mean over minibatches (``loss/<key>``). The loss's ratio and clip statistics are

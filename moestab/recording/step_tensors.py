@@ -47,8 +47,8 @@ class StepTensors:
     (the loss's clip rule, every other input as in the update); None when not measured."""
     measured: torch.Tensor | None = None
     """``[B]`` bool: the sequences the measure-only forwards scored (a ``MeasureBudget``'s sample of whole groups,
-    :mod:`moestab.recording.budget`); None: every sequence. The fields named in ``sampled`` hold values on these rows
-    only (log-probs NaN, routes -1 elsewhere), and so do the counterfactual log-probs when present."""
+    :mod:`moestab.recording.measure_budget`); None: every sequence. The fields named in ``sampled`` hold values on these
+    rows only (log-probs NaN, routes -1 elsewhere), and so do the counterfactual log-probs when present."""
     sampled: frozenset[str] = frozenset()
     """Token-table columns (``schema.COL_*``) produced by a measure-only forward, hence known on ``measured`` rows
     only: ``routes_new`` / ``logp_new`` always, ``routes_old_free`` / ``logp_old_free`` (and the token entropy, from

@@ -7,8 +7,8 @@ import pyarrow as pa
 import torch
 
 from moestab.recording.step_tensors import StepTensors
-from moestab.records import schema
-from moestab.records.route_columns import encode_routes, route_layout_for, with_route_layout
+from moestab.run_folder import schema
+from moestab.run_folder.route_columns import encode_routes, route_layout_for, with_route_layout
 
 
 def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
@@ -35,7 +35,7 @@ def token_table(
     """One row per response token of the sequences ``rows``; route columns keep ``layer_slots``.
 
     ``layer_slots`` are positions on the routes' layer axis (not decoder-layer numbers). Route columns are binary
-    (schema version 3, their layout in the table's schema metadata: :mod:`moestab.records.route_columns`);
+    (schema version 3, their layout in the table's schema metadata: :mod:`moestab.run_folder.route_columns`);
     ``schema_version=2`` writes that version's ``FixedSizeList<int16>`` instead, only to compare the two layouts.
     """
     batch = t.batch

@@ -29,7 +29,7 @@ from moestab.configs import ConfigError
 from moestab.extras import MissingExtraError, require
 from moestab.metrics import keys
 from moestab.metrics.experts import max_violation
-from moestab.records import RunFolder
+from moestab.run_folder import RunFolder
 
 PREFIX = "moestab/"
 """Every tracker key starts with it, so moestab's series sit apart from a host trainer's own (TRL's ``loss``, ...)."""

@@ -2,11 +2,11 @@
 
 Modules: ``config`` (TrainConfig), ``recipe`` (what the probes share with training: device, base policy, loading
 it, step settings), ``rollout`` (HF generate engine), ``forward`` (policy forward with replay/recording), ``step``
-(one RL step, in phases), ``run_folder`` (the run's lifetime in its folder: lock, status, signals, how it ended),
+(one RL step, in phases), ``run_lifetime`` (the run's lifetime in its folder: lock, status, signals, how it ended),
 ``checkpoint`` (the weights and training state a checkpoint holds), ``warm_start``, ``threads``, ``evaluate``,
 ``loop`` (the loop, in its phases). What a step computed and how it is recorded (token layout, step tensors,
 metrics, token tables) is the recording layer's, :mod:`moestab.recording`, which every trainer calls; the run
-folder itself is :class:`moestab.records.RunFolder`'s.
+folder itself is :class:`moestab.run_folder.RunFolder`'s.
 
 ``TrainConfig`` imports no torch; the loop's names are imported on first use (PEP 562 ``__getattr__``), so
 ``moestab train --help`` builds its flags from ``TrainConfig`` without loading torch and transformers.
@@ -20,7 +20,7 @@ from moestab.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from moestab.train.loop import RunResult, train
-    from moestab.train.run_folder import TrainingError
+    from moestab.train.run_lifetime import TrainingError
 
 __all__ = ["RunResult", "TrainConfig", "TrainingError", "train"]
 
@@ -32,7 +32,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(loop, name)
     if name == "TrainingError":
-        from moestab.train.run_folder import TrainingError
+        from moestab.train.run_lifetime import TrainingError
 
         return TrainingError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Checkpoints: a Hugging Face folder per step plus the optimizer state needed by --resume.
 
 Where they go, their temporaries and atomic renames, and when one is complete are the run folder's
-(:class:`moestab.records.RunFolder`); this module serialises what only the trainer has: the weights and the
+(:class:`moestab.run_folder.RunFolder`); this module serialises what only the trainer has: the weights and the
 training state.
 """
 
@@ -15,8 +15,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.models import write_policy
-from moestab.records import RunFolder
-from moestab.records.errors import RunFileError
+from moestab.run_folder import RunFolder
+from moestab.run_folder.errors import RunFileError
 from moestab.text import clip
 from moestab.train.distributed import load_optimizer
 

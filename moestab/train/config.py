@@ -27,8 +27,8 @@ from moestab.configs import (
     load_yaml,
 )
 from moestab.models.spec import is_embedded, parse_model_spec
-from moestab.recording.budget import DEFAULT_EVERY, MeasureBudget
-from moestab.records.schema import BASE_ROUTED_MODES, GATE_REPLAY_MODES, REPLAY_MODES
+from moestab.recording.measure_budget import DEFAULT_EVERY, MeasureBudget
+from moestab.run_folder.schema import BASE_ROUTED_MODES, GATE_REPLAY_MODES, REPLAY_MODES
 
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 """``--rollout-engine`` values (moestab.train.engine.engine_factory builds them)."""
@@ -125,15 +125,15 @@ class TrainConfig:
     default so the default run stays bit-identical; the controlled experiment's configs set it
     (`routing_share: true`)."""
     measure_fraction: float = 1.0
-    """Measurement budget (moestab.recording.budget): share of each measured step's groups that the forwards existing
-    only to measure score (pi_new for old->new volatility; the free pi_old under R3 / TRR; routing share's
+    """Measurement budget (moestab.recording.measure_budget): share of each measured step's groups that the forwards
+    existing only to measure score (pi_new for old->new volatility; the free pi_old under R3 / TRR; routing share's
     counterfactual), whole groups drawn by the seeded rule run.json records (environment.measure_rule). Their
     metrics are then estimates logged with their sampling error (docs/metrics.md, "Measurement budget"), and the
     per-token tables hold the measured sequences only. The weights and every other metric are unchanged."""
     measure_every: int = DEFAULT_EVERY
     """Measurement budget: run those forwards on steps 1, 1 + N, 1 + 2N, ... only; the other steps log no
-    volatility and write no per-token table. Default 4 (moestab.recording.budget.DEFAULT_EVERY: the smallest that
-    keeps the measurement's cost within docs/benchmarks.md's targets); 1 measures every step, as the experiments'
+    volatility and write no per-token table. Default 4 (moestab.recording.measure_budget.DEFAULT_EVERY: the smallest
+    that keeps the measurement's cost within docs/benchmarks.md's targets); 1 measures every step, as the experiments'
     configs do."""
     kl_coef: float = 0.0
     """Coefficient of the k3 KL penalty against the starting policy, 0 to 100 (0 = none, as in the GSPO paper)."""
@@ -382,8 +382,8 @@ def load_train_config(config_file: str | None = None, flags: Mapping[str, Any] |
     """The config ``moestab train`` runs: the YAML file's fields, then ``flags`` (later wins; a flag set to None is
     unset). With ``resume``, these apply on top of the resumed run's own settings from its run.json, so a run
     continues with what it ran with; whether anything else changed is checked when it resumes."""
-    from moestab.records.errors import RunError
-    from moestab.records.run_info import read_run_info
+    from moestab.run_folder.errors import RunError
+    from moestab.run_folder.run_info import read_run_info
     from moestab.train import TrainingError
 
     layers = [load_yaml(config_file) if config_file is not None else {}, dict(flags or {})]

@@ -6,7 +6,7 @@ import signal
 import threading
 from types import FrameType
 
-from moestab.records import schema
+from moestab.run_folder import schema
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import yaml
 
 from moestab.configs import config_to_dict
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunError
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunError
 from moestab.train.config import TrainConfig
 from moestab.train.interrupt import exit_status
-from moestab.train.run_folder import prepare_run_folder
+from moestab.train.run_lifetime import prepare_run_folder
 
 logger = logging.getLogger(__name__)
 """The launcher's notes when :func:`launch` is given no ``log``."""

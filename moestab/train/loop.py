@@ -1,7 +1,7 @@
 """The training loop behind ``moestab train``, in its phases: the run folder checked and locked, the policy set up,
 the run opened, the start evaluation, the steps, the end recorded.
 
-The run folder's lifetime (lock, status, signals, how a stop is recorded) is :mod:`moestab.train.run_folder`'s; the
+The run folder's lifetime (lock, status, signals, how a stop is recorded) is :mod:`moestab.train.run_lifetime`'s; the
 recipe the probes share (device, base policy, loading it, step settings) is :mod:`moestab.train.recipe`'s.
 """
 
@@ -23,12 +23,12 @@ from moestab.configs import ConfigError, config_to_dict
 from moestab.metrics import keys
 from moestab.models import is_embedded
 from moestab.models.tokenizer import tokenizer_overflow
-from moestab.recording.recorder import write_step_metrics, write_step_tokens
+from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.trackers import TrackedRun, open_trackers, run_id
-from moestab.records import RunFolder, schema
-from moestab.records.run_info import ModelInfo
 from moestab.routing import freeze_routers
 from moestab.routing.base_routing import BaseRouting
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.run_info import ModelInfo
 from moestab.tasks import Task, task_from_spec
 from moestab.train.checkpoint import restore_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
@@ -58,7 +58,7 @@ from moestab.train.recipe import (
     step_settings,
 )
 from moestab.train.rollout import BaseRoutedEngine
-from moestab.train.run_folder import NothingToLearnError, TrainingError, TrainRun
+from moestab.train.run_lifetime import NothingToLearnError, TrainingError, TrainRun
 from moestab.train.step import extra_examples, run_step, step_examples, step_seed
 
 logger = logging.getLogger(__name__)

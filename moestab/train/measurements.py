@@ -18,7 +18,8 @@ measurement        when (the step's named point)        policy and routing      
   routing-constant) and no objective reads the free routers' log-probs; otherwise pi_old's free forward is the
   ratio's own and the step runs it (:func:`free_old_forward`, the one function both call). ``RoutingShare`` with
   ``--routing-share``. ``NewPolicy`` always.
-- **The measurement budget** (``measured`` rows, :mod:`moestab.recording.budget`) applies to all three: each scores
+- **The measurement budget** (``measured`` rows, :mod:`moestab.recording.measure_budget`) applies to all three: each
+scores
   the measured rows only, and the token-table columns it fills (:attr:`columns`) are then sampled
   (``StepTensors.sampled``).
 - **Across processes** each forward runs on the process's own rows (a sharded forward is a collective, so every
@@ -35,8 +36,8 @@ from transformers import PreTrainedModel
 
 from moestab import rl
 from moestab.recording.batch import RolloutBatch
-from moestab.records import schema
 from moestab.routing import Routes
+from moestab.run_folder import schema
 from moestab.train.forward import PolicyForward, chunked_policy_forward, measured_forward, policy_forward
 
 if TYPE_CHECKING:

@@ -17,13 +17,13 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from moestab.configs import ConfigError
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
 from moestab.models.precision import float64_norms
-from moestab.records.run_info import ModelInfo
 from moestab.routing import IncompatibleTransformersError, RoutingError, find_routers
 from moestab.routing.compat import check_generate_recording
+from moestab.run_folder.run_info import ModelInfo
 from moestab.tasks import Task
 from moestab.train.config import TrainConfig
 from moestab.train.distributed import World
-from moestab.train.run_folder import TrainingError
+from moestab.train.run_lifetime import TrainingError
 from moestab.train.step import StepSettings
 from moestab.train.warm_start import WarmStartSpec, warm_start
 

@@ -20,8 +20,8 @@ With ``replay_score_ratio`` > 0 (R2 / R3), the updates filter the replayed exper
 the replayed ones in the slots it refilled (``routing/replay_replace_rate``). pi_old's replayed forward under R3
 replays plainly, so the replaced share is measured against the routes of ``logp_old``.
 
-A measurement budget (``measured``: :mod:`moestab.recording.budget`) restricts the measurements to a sample of whole
-groups, or to no row at all on an unmeasured step; the rows left out hold NaN log-probs and -1 routes, and
+A measurement budget (``measured``: :mod:`moestab.recording.measure_budget`) restricts the measurements to a sample of
+whole groups, or to no row at all on an unmeasured step; the rows left out hold NaN log-probs and -1 routes, and
 ``StepTensors.measured`` / ``sampled`` say which. The sample is forwarded in the minibatches' chunks restricted to
 its rows. Under R3 / TRR both sides of old->new are such chunks; under off / R2 pi_old's are the whole minibatches,
 and the smaller shape changes a row's outputs by rounding only (on the CPU up to ~3e-7 in the logits, no routing
@@ -50,9 +50,9 @@ from moestab.metrics import keys
 from moestab.recording.batch import RolloutBatch, cat_batches
 from moestab.recording.step_metrics import Updates, step_metrics
 from moestab.recording.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
-from moestab.records import schema
 from moestab.rl.shaping import overlong_penalty
 from moestab.routing import gather_router_logprobs
+from moestab.run_folder import schema
 from moestab.tasks import Example, Task
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine

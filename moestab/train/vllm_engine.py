@@ -3,7 +3,7 @@ token (``enable_return_routed_experts``), converted into moestab's ``RolloutBatc
 
 vLLM 0.33 returns, per completion, ``routed_experts`` ``[prompt_len + generated - 1, decoder_layers, top_k]``
 (uint8 / uint16 expert ids, every decoder layer, the last sampled token never fed back); earlier releases split off
-the prompt's as ``RequestOutput.prompt_routed_experts``. Both are read by ``moestab.recording.engine_routes``, which
+the prompt's as ``RequestOutput.prompt_routed_experts``. Both are read by ``moestab.routes_in.placement``, which
 also places them like the Hugging Face engine's recorder: left-padded prompt, then the response inputs, -1
 everywhere else. Nothing is ever filled in: a missing route is an error.
 
@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.extras import install_line
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
-from moestab.recording.engine_routes import expert_ids, place_rows, vllm_rows
+from moestab.routes_in.placement import expert_ids, place_rows, vllm_rows
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
 from moestab.train.distributed import full_state_dict, world_from_env
@@ -58,11 +58,11 @@ def routes_from_vllm(
 
     ``routed[i]``: request ``i``'s ``CompletionOutput.routed_experts``; ``prompt_routed[i]``: its
     ``RequestOutput.prompt_routed_experts`` (``None`` in vLLM 0.33's one-array layout; both read by
-    :func:`~moestab.recording.engine_routes.vllm_rows`). The layer axis is either every decoder layer
+    :func:`~moestab.routes_in.placement.vllm_rows`). The layer axis is either every decoder layer
     (``decoder_layers`` rows, vLLM 0.33: the MoE ones, ``layers``, are kept) or the MoE layers only. Row ``i``'s
     ``prompt_lens[i]`` prompt routes end at column ``prompt_width`` (left padding); its first ``response_lens[i] - 1``
     response routes follow. ``ValueError`` when vLLM returned no routes, fewer than that, routes of another shape,
-    or ids that are not experts (:func:`~moestab.recording.engine_routes.expert_ids`): nothing is filled in.
+    or ids that are not experts (:func:`~moestab.routes_in.placement.expert_ids`): nothing is filled in.
     """
     if any(r is None for r in routed):
         raise ValueError("vLLM returned no routed experts for some requests: the engine must be built with "

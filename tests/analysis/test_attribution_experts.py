@@ -8,7 +8,7 @@ import pytest
 from moestab.analysis import attribution as A
 from moestab.analysis import experts as X
 from moestab.analysis.synthetic import synthetic_routes
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.naive import decision_overlaps
 
 
@@ -170,7 +170,7 @@ def test_coactivation_matches_naive():
 
 
 def test_run_expert_counts_and_metrics_lists(fake_run):
-    from moestab.records.reader import load_metrics
+    from moestab.run_folder.reader import load_metrics
 
     counts = X.run_expert_counts(fake_run.path)  # pi_old's free routes by default
     expected = sum(X.expert_counts(c[schema.COL_ROUTES_OLD_FREE], 8) for c in fake_run.tokens.values())

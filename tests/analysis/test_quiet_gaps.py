@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from moestab.analysis.summary import run_summary
-from moestab.records import schema
-from moestab.records.errors import RunFileError
+from moestab.run_folder import schema
+from moestab.run_folder.errors import RunFileError
 from tests.support.runs import write_run
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from moestab.analysis import mismatch as M
 from moestab.analysis import ratios as R
-from moestab.records import schema
-from moestab.records.reader import load_tokens
+from moestab.run_folder import schema
+from moestab.run_folder.reader import load_tokens
 
 
 def tiny_tokens() -> pd.DataFrame:

@@ -10,7 +10,7 @@ import pytest
 from moestab.analysis.mismatch import run_mismatch
 from moestab.analysis.summary import summarize_runs
 from moestab.analysis.volatility import run_volatility, volatility_table
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.train import train
 from tests.support.tables import token_frame
 from tests.support.train import tiny_config

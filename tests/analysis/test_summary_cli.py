@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from moestab.analysis.summary import SUMMARY_COLUMNS, SUMMARY_KEYS, run_summary, summarize_runs
-from moestab.records import schema
-from moestab.records.errors import NotARunError, RunFileError, SchemaVersionError
+from moestab.run_folder import schema
+from moestab.run_folder.errors import NotARunError, RunFileError, SchemaVersionError
 from tests.support.naive import volatility_metrics
 from tests.support.runs import write_run
 

@@ -18,7 +18,7 @@ from moestab.analysis.attribution import run_attribution
 from moestab.analysis.dashboard_data import run_coactivation, shared_histograms
 from moestab.analysis.experts import metrics_load, metrics_per_layer
 from moestab.analysis.ratios import clip_fractions
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.dashboard import Chart, assert_clean, chart_named, open_page
 
 pytestmark = pytest.mark.slow

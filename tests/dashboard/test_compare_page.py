@@ -21,7 +21,7 @@ import pytest
 
 from moestab.analysis.compare import DEFAULT_KEYS
 from moestab.recording.diagnostics import DiagnosticsRun
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.dashboard import (
     COMPARE_PAGE,
     RUNS_PAGE,

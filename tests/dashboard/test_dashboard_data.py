@@ -33,7 +33,7 @@ from moestab.analysis.dashboard_data import (
 )
 from moestab.analysis.experts import coactivation
 from moestab.analysis.ratios import histogram
-from moestab.records import schema
+from moestab.run_folder import schema
 
 
 def write_run_json(folder: Path, **extra) -> Path:

@@ -111,7 +111,7 @@ def test_shards_partition_a_grid_and_bad_shards_are_refused(tmp_path):
 
 def test_a_grid_skips_a_run_another_process_is_training(tmp_path):
     from moestab.experiments.grid import is_finished, run_grid
-    from moestab.records.lock import run_lock
+    from moestab.run_folder.lock import run_lock
 
     run = controlled.evaluation_runs(_plan(tmp_path), 1e-3, tmp_path / "runs")[0]
     lines = []

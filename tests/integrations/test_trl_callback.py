@@ -35,11 +35,11 @@ from moestab.integrations.trl.stillness import NO_ROUTE_CHANGED, UNCHANGED, Stil
 from moestab.metrics import keys
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
 from moestab.models.embedded import save_policy
-from moestab.recording.budget import MeasureBudget
+from moestab.recording.measure_budget import MeasureBudget
 from moestab.recording.trackers import PREFIX, scalars
-from moestab.records import schema
-from moestab.records.reader import list_token_files, load_metrics, read_routes, read_run_info
 from moestab.routing import RecordingError, RoutingRecorder
+from moestab.run_folder import schema
+from moestab.run_folder.reader import list_token_files, load_metrics, read_routes, read_run_info
 from tests.support.tables import TOKEN_COLUMNS, token_frame
 from tests.support.trl import LAYERS, PROMPTS, TOP_K, grpo_args, moestab_hooks, reward
 
@@ -413,7 +413,7 @@ def test_an_incompatible_transformers_is_refused_before_the_run_folder_is_writte
 def test_the_trl_writer_holds_the_run_folders_lock_and_a_second_writer_is_refused(tmp_path):
     import os
 
-    from moestab.records.lock import RunLockedError, run_lock
+    from moestab.run_folder.lock import RunLockedError, run_lock
 
     lock = tmp_path / "run" / schema.LOCK_FILE
     holders = []
@@ -436,7 +436,7 @@ def test_the_trl_writer_holds_the_run_folders_lock_and_a_second_writer_is_refuse
 
 
 def test_a_run_in_the_folder_is_kept_unless_overwritten_by_moestab_trains_own_rules(tmp_path):
-    from moestab.records import RunFolderError
+    from moestab.run_folder import RunFolderError
 
     model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
     run_snippet(tmp_path, model, tokenizer, max_steps=2)

@@ -26,9 +26,9 @@ from moestab.metrics import keys
 from moestab.metrics.routing_share import routing_share
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
 from moestab.recording.trackers import PREFIX
-from moestab.records import schema
-from moestab.records.reader import list_token_files
 from moestab.routing import RoutingRecorder, RoutingReplay
+from moestab.run_folder import schema
+from moestab.run_folder.reader import list_token_files
 from tests.support.trl import LAYERS, PROMPTS, grpo_args, moestab_hooks, reward
 
 SPEC = EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64)

@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.models import EmbeddedModelSpec, build_embedded_policy
 from moestab.recording.trackers import PREFIX, scalars
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.trl import LAYERS, PROMPTS, grpo_args, reward
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from moestab.integrations.routes_in import PayloadError
 from moestab.integrations.verl import MissingLogProbsWarning, route_metrics
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
-from moestab.records import schema
+from moestab.routes_in import PayloadError
+from moestab.run_folder import schema
 from tests.support.route_payloads import EXPERTS, RESPONSES, TOP_K, known_rows, verl_batch
 
 

@@ -14,8 +14,8 @@ from moestab import rl
 from moestab.metrics import keys
 from moestab.metrics.keys import MetricKey
 from moestab.recording import step_metrics as recording
-from moestab.recording.recorder import metrics_line
-from moestab.records import schema
+from moestab.recording.step_records import metrics_line
+from moestab.run_folder import schema
 from moestab.train import train
 from tests.support.train import tiny_config
 

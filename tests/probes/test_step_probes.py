@@ -21,8 +21,8 @@ from moestab.models.tokenizer import build_char_tokenizer
 from moestab.probes import ProbeError, ProbeSettings, load_suite, read_probe_folder, run_probe
 from moestab.probes.checkpoints import resolve_checkpoints
 from moestab.probes.runner import select_checkpoints
-from moestab.records import schema
-from moestab.records.reader import read_run_info
+from moestab.run_folder import schema
+from moestab.run_folder.reader import read_run_info
 from moestab.tasks import task_from_spec
 from moestab.train import train
 from moestab.train.optim import build_optimizer

@@ -19,7 +19,7 @@ from moestab.metrics.experts import max_violation
 from moestab.metrics.mismatch import mismatch_spread
 from moestab.metrics.routes import intersection_sizes, route_change, route_change_of
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.runs import diagnostics_run
 
 PAIR = "rollout_old_free"

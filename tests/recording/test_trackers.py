@@ -14,7 +14,7 @@ from moestab.metrics import keys
 from moestab.recording import trackers
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
 from moestab.recording.trackers import PREFIX, load_summary, mean_scalars, scalars
-from moestab.records import schema
+from moestab.run_folder import schema
 
 LAYERS, EXPERTS, MINIBATCHES = 48, 128, 4  # Qwen3-30B-A3B's MoE
 

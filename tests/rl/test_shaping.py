@@ -39,7 +39,7 @@ def test_dapo_preset_carries_the_papers_fraction_and_the_config_resolves_it(tmp_
 
 
 def test_dapo_run_shapes_its_rewards(tmp_path):
-    from moestab.records import schema
+    from moestab.run_folder import schema
     from moestab.train import train
     from tests.support.train import tiny_config
 

@@ -94,7 +94,7 @@ def test_incompatible_is_a_recording_error():
 
 
 def test_train_refuses_an_incompatible_transformers_before_writing_the_run(monkeypatch, tmp_path):
-    from moestab.records import schema
+    from moestab.run_folder import schema
     from moestab.train import TrainingError, train
     from tests.support.train import tiny_config
 
@@ -108,7 +108,7 @@ def test_train_refuses_an_incompatible_transformers_before_writing_the_run(monke
 
 def test_train_refuses_an_incompatible_transformers_for_a_given_model_folder(monkeypatch, tmp_path):
     from moestab.models.embedded import save_policy
-    from moestab.records import schema
+    from moestab.run_folder import schema
     from moestab.train import TrainingError, train
     from tests.support.train import tiny_config
 

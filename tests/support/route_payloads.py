@@ -1,5 +1,5 @@
 """Known routes and a verl batch holding them, for the route importers' tests (tests/integrations): the running
-example of tests/integrations/test_routes_in.py, 2 sequences, 2 MoE layers, top-2 of 4 experts."""
+example of tests/routes_in/test_importers.py, 2 sequences, 2 MoE layers, top-2 of 4 experts."""
 
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 
 - :func:`write_run`: every file written with pyarrow and json exactly as docs/run-format.md describes, never through
   moestab's writer, keeping the raw arrays it wrote (:class:`FakeRun`), so the readers and analyzers are checked
-  against an independent writer and their results recomputed with plain Python (tests/analysis, tests/records'
+  against an independent writer and their results recomputed with plain Python (tests/analysis, tests/run_folder'
   readers, the dashboard).
 - :func:`a_run`: run.json (and checkpoints) through moestab's own ``RunWriter`` / ``RunFolder``: a folder whose
-  lock, status and checkpoint rules are the library's (tests/records/test_folder.py and the run-lifetime tests).
+  lock, status and checkpoint rules are the library's (tests/run_folder/test_folder.py and the run-lifetime tests).
 - :func:`diagnostics_run`: a run written by the public ``DiagnosticsRun`` (what a framework integration writes:
   metrics.jsonl and run.json, no token tables), for the readers of such runs.
 
@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moestab.analysis.synthetic import synthetic_routes
-from moestab.records import RunFolder, schema
-from moestab.records.run_info import ModelInfo
-from moestab.records.writer import RunWriter
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.run_info import ModelInfo
+from moestab.run_folder.writer import RunWriter
 
 
 # ---- written as docs/run-format.md describes, independently of moestab's writer ---------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from moestab.records import schema
+from moestab.run_folder import schema
 
 
 def token_frame(path: str | Path) -> pd.DataFrame:

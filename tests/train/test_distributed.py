@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file
 
 from moestab.configs import ConfigError, config_to_dict
-from moestab.records import schema
-from moestab.records.reader import load_metrics, load_tokens, read_routes
-from moestab.records.run_info import read_run_info
+from moestab.run_folder import schema
+from moestab.run_folder.reader import load_metrics, load_tokens, read_routes
+from moestab.run_folder.run_info import read_run_info
 from moestab.train import train
 from moestab.train.distributed import World, local_chunks
 from moestab.train.launch import torchrun_command

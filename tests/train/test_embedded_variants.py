@@ -7,8 +7,8 @@ import json
 import pytest
 
 from moestab.models import EmbeddedModelSpec, parse_model_spec
-from moestab.records import schema
-from moestab.records.reader import read_routes
+from moestab.run_folder import schema
+from moestab.run_folder.reader import read_routes
 from moestab.train import train
 from tests.support.train import tiny_config
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.train import TASK
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.tasks import Example
 from moestab.train import train
 from moestab.train.history import SolvedPrompts

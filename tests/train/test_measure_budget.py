@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from moestab.analysis.budget import group_counts
+from moestab.analysis.budget_error import group_counts
 from moestab.metrics import keys
 from moestab.metrics.sampling import mean_se, ratio_se
 from moestab.models import build_embedded_policy
-from moestab.recording.budget import MeasureBudget
-from moestab.records import schema
-from moestab.records.reader import load_metrics, load_tokens, read_run_info
+from moestab.recording.measure_budget import MeasureBudget
 from moestab.routing import RoutingRecorder
+from moestab.run_folder import schema
+from moestab.run_folder.reader import load_metrics, load_tokens, read_run_info
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
 from tests.support.train import one_grpo_step, tiny_config

@@ -16,7 +16,7 @@ import pytest
 
 from moestab.analysis.attribution import run_attribution
 from moestab.cli import main
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.train import train
 from tests.support.engines import DisagreeingRoutesEngine
 from tests.support.tables import token_frame

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from moestab.models import EmbeddedModelSpec, build_embedded_policy, parse_model_spec, tiny_config
-from moestab.records import RunFolder, schema
 from moestab.routing import router_parameters
+from moestab.run_folder import RunFolder, schema
 from moestab.train import train
 from moestab.train.checkpoint import read_training_state
 from tests.support.train import tiny_config as tiny_train_config

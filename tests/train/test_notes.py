@@ -6,8 +6,8 @@ The CLI side (``moestab: message`` on stderr while a command runs): tests/test_s
 import json
 import logging
 
-from moestab.records import schema
-from moestab.records.lock import lock_path
+from moestab.run_folder import schema
+from moestab.run_folder.lock import lock_path
 from moestab.train import train
 from tests.support.train import tiny_config
 

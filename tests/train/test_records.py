@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from moestab.records import schema
-from moestab.records.reader import read_routes
 from moestab.rl import PRESETS
+from moestab.run_folder import schema
+from moestab.run_folder.reader import read_routes
 from moestab.train import train
 from tests.support.tables import TOKEN_COLUMNS, token_frame
 from tests.support.train import tiny_config

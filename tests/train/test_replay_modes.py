@@ -9,7 +9,7 @@ import torch
 
 from moestab import rl
 from moestab.models import build_embedded_policy
-from moestab.records.schema import GATE_REPLAY_MODES
+from moestab.run_folder.schema import GATE_REPLAY_MODES
 from moestab.tasks import task_from_spec
 from moestab.train.forward import policy_forward
 from moestab.train.rollout import HFRolloutEngine

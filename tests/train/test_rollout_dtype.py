@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moestab.models import build_embedded_policy
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.tasks import task_from_spec
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine

@@ -9,9 +9,9 @@ import torch
 
 from moestab.configs import ConfigError
 from moestab.models import build_embedded_policy
-from moestab.records.run_info import read_run_info
 from moestab.routing import RoutingRecorder
 from moestab.routing.base_routing import BaseRouting
+from moestab.run_folder.run_info import read_run_info
 from moestab.train import train
 from moestab.train.forward import policy_forward
 from moestab.train.rollout import BaseRoutedEngine, HFRolloutEngine

@@ -12,7 +12,7 @@ import pytest
 
 from moestab.cli import main
 from moestab.configs import ConfigError
-from moestab.records import RunFolder, schema
+from moestab.run_folder import RunFolder, schema
 from moestab.train import TrainingError, train
 from tests.support.train import TASK, tiny_config
 

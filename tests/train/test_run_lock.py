@@ -1,4 +1,4 @@
-"""`moestab train` holds its run folder's lock (moestab.records.lock): a folder being written is refused, for a new
+"""`moestab train` holds its run folder's lock (moestab.run_folder.lock): a folder being written is refused, for a new
 run and for --resume, before anything there changes; --overwrite keeps the lock while it deletes the old run.
 
 The same with two real processes: tests/train/test_faults.py, "two writers".
@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from moestab.records import RunFolder, schema
-from moestab.records.lock import RunLockedError, lock_path, run_lock
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.lock import RunLockedError, lock_path, run_lock
 from moestab.train import TrainingError, train
 from tests.support.train import tiny_config
 

@@ -11,7 +11,7 @@ import pytest
 
 from moestab.configs import ConfigError
 from moestab.metrics import keys
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
 from tests.support.train import one_grpo_step, tiny_config

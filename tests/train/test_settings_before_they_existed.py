@@ -9,7 +9,7 @@ import pytest
 
 from moestab.train import TrainingError
 from moestab.train.config import BEFORE_THE_SETTING, TrainConfig, load_train_config
-from moestab.train.run_folder import check_resumed_settings, config_defaults
+from moestab.train.run_lifetime import check_resumed_settings, config_defaults
 from tests.support.runs import a_run
 
 RECORDED = {"algo": "gspo", "routing_replay": "off", "model": "embedded", "task": "arithmetic", "steps": 3}

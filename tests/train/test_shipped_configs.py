@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from moestab.configs import build_config, load_yaml
-from moestab.records import schema
-from moestab.records.reader import read_run_info
+from moestab.run_folder import schema
+from moestab.run_folder.reader import read_run_info
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig, train
 from tests.support.train import tiny_config

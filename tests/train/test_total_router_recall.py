@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from moestab.configs import ConfigError
-from moestab.records import schema
-from moestab.records.run_info import read_run_info
 from moestab.routing import RoutesMismatchError, find_routers
+from moestab.run_folder import schema
+from moestab.run_folder.run_info import read_run_info
 from moestab.train import TrainConfig, train
 from moestab.train.rollout import HFRolloutEngine
 from tests.support.train import one_grpo_step, tiny_config

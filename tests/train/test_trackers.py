@@ -16,7 +16,7 @@ import pytest
 from moestab import extras
 from moestab.configs import ConfigError
 from moestab.recording.trackers import PREFIX, TrackedRun, check_trackers, open_trackers, run_id, scalars
-from moestab.records import schema
+from moestab.run_folder import schema
 from tests.support.train import TASK, tiny_config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moestab.records import schema
+from moestab.run_folder import schema
 from moestab.tasks import TaskSpecError, refuse_code_named_by
 from moestab.train import train
 from moestab.train.config import load_train_config

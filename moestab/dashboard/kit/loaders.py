@@ -24,9 +24,9 @@ from moestab.analysis.experts import load_stats, run_expert_counts
 from moestab.analysis.ratios import clip_fractions, ratio_quantiles, sequence_log_s, variance_by_length
 from moestab.probes.errors import ProbeError
 from moestab.probes.folder import ProbeResult, read_probe_folder
-from moestab.records import RunFolder, schema
-from moestab.records.errors import RunError, Skipped
-from moestab.records.reader import load_metrics, load_tokens, read_run_info
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder.errors import RunError, Skipped
+from moestab.run_folder.reader import load_metrics, load_tokens, read_run_info
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ _CACHE = {"show_spinner": False, "max_entries": 512}
 
 @st.cache_data(**_CACHE)
 def info(run: str, key: Key) -> Loaded:
-    """:func:`moestab.records.read_run_info`."""
+    """:func:`moestab.run_folder.read_run_info`."""
     return guarded(lambda skipped: read_run_info(run))
 
 
@@ -82,7 +82,7 @@ def overview(run: str, key: Key) -> Loaded[dict]:
 
 @st.cache_data(**_CACHE)
 def metrics(run: str, key: Key) -> Loaded:
-    """metrics.jsonl as one row per step (:func:`moestab.records.reader.load_metrics`); no value (and no
+    """metrics.jsonl as one row per step (:func:`moestab.run_folder.reader.load_metrics`); no value (and no
     error) while the file does not exist or has no complete step yet."""
     if not RunFolder(run).metrics_file.is_file():
         return Loaded(None)

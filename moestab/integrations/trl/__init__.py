@@ -13,7 +13,7 @@ default loss, ``"dapo"``, sums tokens and is neither): run.json's ``algo`` is th
 (:func:`~moestab.integrations.trl.settings.algo_label`; README, "Inside TRL's GRPOTrainer", has both papers' settings).
 
 ``RoutingRecords`` is the same as a mixin for a ``GRPOTrainer`` subclass of your own. The run folder is written by
-``moestab.records`` with the step metrics and token tables of ``moestab train`` (the recording layer,
+``moestab.run_folder`` with the step metrics and token tables of ``moestab train`` (the recording layer,
 ``moestab.recording``, that both call), so ``moestab analyze`` and the dashboard read it unchanged.
 
 **Why a subclass hook, not a ``TrainerCallback``.** Callbacks receive the model but never the batch: the

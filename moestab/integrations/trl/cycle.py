@@ -20,8 +20,8 @@ from moestab.integrations.trl.capture import GenerationCall, ScoringCall
 from moestab.integrations.trl.settings import ClipRule, CycleLayout
 from moestab.recording.batch import RolloutBatch
 from moestab.recording.step_tensors import StepTensors
-from moestab.records import schema
 from moestab.routing import RecordingError, Routes
+from moestab.run_folder import schema
 from moestab.tasks import Example
 
 

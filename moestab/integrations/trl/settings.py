@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from moestab import rl
-from moestab.recording.budget import MeasureBudget
+from moestab.recording.measure_budget import MeasureBudget
 
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """TRL loss types that clip the ratio as PPO does (``min(w A, clip(w) A)``): moestab's ``ppo-clip``."""
@@ -29,8 +29,8 @@ class RecordSettings:
     record_layers: tuple[int, ...] | None = None
     """Decoder-layer indices of the MoE layers the per-token table keeps (default: all)."""
     budget: MeasureBudget = field(default_factory=MeasureBudget)
-    """The measurement budget, as ``moestab train``'s (:mod:`moestab.recording.budget`): ``every`` records generation
-    cycles 1, 1 + every, ... (the others run with no hook and no extra forward); ``fraction`` is the share of
+    """The measurement budget, as ``moestab train``'s (:mod:`moestab.recording.measure_budget`): ``every`` records
+    generation cycles 1, 1 + every, ... (the others run with no hook and no extra forward); ``fraction`` is the share of
     pi_old's forward chunks that pi_new re-runs after the updates (at least one chunk, drawn by the budget's seeded
     rule with TRL's seed + the step): pi_new costs about this share of a no-grad forward of the batch. The unit is
     a chunk of TRL's pi_old forward, not a group: pi_new must see exactly pi_old's inputs and shapes. Sequences left
@@ -54,7 +54,7 @@ class RecordSettings:
         if not 0.0 < self.record_fraction <= 1.0:
             raise ValueError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if not isinstance(self.budget, MeasureBudget):
-            raise ValueError(f"budget must be a moestab.recording.budget.MeasureBudget, got {self.budget!r}")
+            raise ValueError(f"budget must be a moestab.recording.measure_budget.MeasureBudget, got {self.budget!r}")
 
     def new_chunks(self, chunks: int, seed: int) -> list[int]:
         """Indices (sorted) of pi_old's ``chunks`` forward chunks that pi_new re-runs, drawn with ``seed``."""

@@ -24,17 +24,17 @@ from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_o
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
-from moestab.recording.budget import RULE
 from moestab.recording.environment import environment as run_environment
-from moestab.recording.recorder import write_step_metrics, write_step_tokens
+from moestab.recording.measure_budget import RULE
 from moestab.recording.step_metrics import step_metrics
+from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.step_tensors import StepTensors
 from moestab.recording.trackers import mean_scalars, scalars
-from moestab.records import Remedies, RunFolder, schema
-from moestab.records.run_info import ModelInfo
-from moestab.records.writer import RunWriter
 from moestab.routing import RecordingError, RoutingRecorder, RoutingReplay, find_routers
 from moestab.routing.compat import check_generate_recording
+from moestab.run_folder import Remedies, RunFolder, schema
+from moestab.run_folder.run_info import ModelInfo
+from moestab.run_folder.writer import RunWriter
 
 LOSS_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps")
 """The keys of TRL's micro-batch that a step's records use."""

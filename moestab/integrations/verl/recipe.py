@@ -20,10 +20,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from moestab.integrations.routes_in.common import PayloadError
-from moestab.integrations.routes_in.verl import from_verl, has, tensors_of
 from moestab.metrics import keys
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
+from moestab.routes_in.common import PayloadError
+from moestab.routes_in.verl import from_verl, has, tensors_of
 
 LOG_PROB_REMEDIES = {
     "rollout_log_probs": "the rollout's come with actor_rollout_ref.rollout.calculate_log_probs=True",

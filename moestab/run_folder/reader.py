@@ -1,0 +1,463 @@
+"""Read run folders (docs/run-format.md, names in :mod:`moestab.run_folder.schema`) into tidy data.
+
+- :func:`~moestab.run_folder.run_info.read_run_info`  run.json -> :class:`RunInfo` (re-exported here)
+- :func:`load_metrics`      metrics.jsonl -> one row per step
+- :func:`list_token_files`, :func:`list_checkpoints`  what the run holds, by step
+- :func:`iter_token_batches`, :func:`iter_run_batches`  per-token Parquet streamed by row group, so a
+  record larger than memory can be summarised in bounded memory
+- :func:`route_array`, :func:`margin_array`  route and per-layer columns -> numpy (route columns of either layout,
+  :mod:`moestab.run_folder.route_columns`)
+- :func:`load_tokens`       the scalar per-token columns of a run as one DataFrame (small runs)
+
+Errors: :class:`NotARunError` (no run.json), :class:`SchemaVersionError` (a schema this moestab does
+not read), :class:`RunFileError` (the file asked for is missing or corrupt, named). Readers that go
+over many files or lines take ``skipped``: ``None`` raises on the first unreadable part, a list
+collects a :class:`Skipped` per part left out (see :mod:`moestab.run_folder.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from moestab.run_folder import schema
+from moestab.run_folder.errors import RunFileError, Skipped, skip
+from moestab.run_folder.route_columns import RouteLayout, route_layout
+from moestab.run_folder.run_info import RunInfo, read_run_info
+
+__all__ = ["RunInfo", "read_run_info"]  # extended below by the readers' own names
+
+# Values (list items included) per streamed batch when ``batch_rows`` is not given. Decoding a FixedSizeList column
+# from Parquet holds several bytes per value besides the result, so peak memory follows the batch size (measured in
+# bench/bench_analysis.py): 4M values, e.g. 5,461 rows of two 48-layer top-8 route columns, keep a stream near
+# 200 MiB. A binary route column holds only its bytes and the int16 result: it counts half its bytes, so twice the
+# rows (10,922 of two uint8 columns) keep the same peak (~215 MiB) in fewer, cheaper batches.
+DEFAULT_BATCH_VALUES = 1 << 22
+_READ_BUFFER = 1 << 20  # bytes of Parquet read buffer per column
+
+
+def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.DataFrame:
+    """Read ``RUN/metrics.jsonl`` into a DataFrame, one row per step, sorted by ``step``.
+
+    Columns are the keys of the lines (``step``, ``reward/mean``, ``routing/old_new/changed``, ...);
+    JSON ``null`` becomes NaN in numeric columns, list-valued keys (``.../changed_by_layer``,
+    ``experts/load``) stay as Python lists in object columns. A line that is not a JSON object with
+    an integer ``step`` (e.g. the torn last line of a running run) goes to ``skipped`` (raises
+    :class:`RunFileError` naming the line when ``skipped`` is ``None``); when a step appears twice (a
+    damaged run, :func:`metrics_step_problem`) the last line wins. Raises :class:`RunFileError` if the
+    file is missing or unreadable.
+    """
+    path = Path(run) / schema.METRICS_JSONL
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RunFileError(path, "missing") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFileError(path, f"unreadable ({exc})") from exc
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            skip(skipped, RunFileError(path, f"line {number} is not valid JSON ({exc.msg})"), line=number)
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
+            continue
+        for key in [k for k, value in row.items() if k != "step" and not _is_metric_value(value)]:
+            shown = json.dumps(row.pop(key))
+            skip(skipped, RunFileError(path, f"line {number} (step {step}): {key!r} is {shown[:40]}, not a number, a "
+                                             "list of numbers or null; that value is left out"), line=number)
+        rows.append(row)
+    frame = pd.DataFrame.from_records(rows)
+    if frame.empty:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+    frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
+    return frame.reset_index(drop=True)
+
+
+def _is_metric_value(value: Any) -> bool:
+    """A value metrics.jsonl may hold: a number (bool included), null, or a list (of lists) of those."""
+    if value is None or isinstance(value, int | float):
+        return True
+    return isinstance(value, list) and all(_is_metric_value(item) for item in value)
+
+
+def metrics_step_problem(run: str | Path) -> str | None:
+    """What is wrong with the order of metrics.jsonl's steps, or ``None`` when each line's step is above the one
+    before (or the file is missing or unreadable: :func:`load_metrics` says so).
+
+    One writer appends its steps in order, and ``--resume`` first drops the lines after its checkpoint, so a step
+    that repeats or goes back means two writers (or joined files) mixed their records: the run is
+    ``schema.STATUS_DAMAGED`` whatever run.json says. Lines that are not JSON objects with an integer ``step`` are
+    left out here (:func:`load_metrics` reports them).
+    """
+    path = Path(run) / schema.METRICS_JSONL
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    last: tuple[int, int] | None = None  # (line, step) of the previous step
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            continue
+        if last is not None and step <= last[1]:
+            how = "repeats" if step == last[1] else "goes back"
+            return (f"{path}: the step {how}: line {number} is step {step}, after step {last[1]} on line {last[0]}; "
+                    "two writers (or joined files) mixed their records, so the run's numbers cannot be trusted")
+        last = (number, step)
+    return None
+
+
+def load_runs_metrics(runs: Iterable[str | Path], skipped: list[Skipped] | None = None) -> pd.DataFrame:
+    """:func:`load_metrics` of several runs stacked, with a leading ``run`` column (folder name)."""
+    frames = []
+    for run in runs:
+        frame = load_metrics(run, skipped)
+        frame.insert(0, "run", Path(run).resolve().name)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"run": [], "step": []})
+
+
+def _list_steps(folder: Path, parse, want_dir: bool) -> pd.DataFrame:
+    rows = []
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            step = parse(entry.name)
+            if step is not None and entry.is_dir() == want_dir:
+                rows.append({"step": step, "path": entry})
+    frame = pd.DataFrame(rows, columns=["step", "path"])
+    return frame.sort_values("step", kind="stable").reset_index(drop=True).astype({"step": "int64"})
+
+
+def list_token_files(run: str | Path) -> pd.DataFrame:
+    """Per-token tables of a run: columns ``step`` (int) and ``path``, sorted by step (may be empty)."""
+    return _list_steps(Path(run) / schema.TOKENS_DIR, schema.parse_tokens_name, want_dir=False)
+
+
+def list_checkpoints(run: str | Path) -> pd.DataFrame:
+    """Checkpoint folders ``checkpoints/step_XXXXXX``: columns ``step`` and ``path``, sorted by step.
+
+    Checkpoints are renamed into place when complete (run format), so every listed folder is whole.
+    """
+    return _list_steps(Path(run) / schema.CHECKPOINTS_DIR, schema.parse_step_name, want_dir=True)
+
+
+def open_token_file(path: str | Path) -> pq.ParquetFile:
+    """Open one per-token Parquet table, raising :class:`RunFileError` (naming it) if it is unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunFileError(path, "missing")
+    try:
+        # Buffered reads without pre-buffering: pyarrow's default (pre_buffer=True) reads ahead whole
+        # column chunks, so memory grew with the file (bench/bench_analysis.py); this keeps it to a batch.
+        return pq.ParquetFile(path, pre_buffer=False, buffer_size=_READ_BUFFER)
+    except (OSError, pa.ArrowException) as exc:
+        raise RunFileError(path, f"not a readable Parquet file ({exc})") from exc
+
+
+def default_batch_rows(arrow_schema: pa.Schema, columns: Sequence[str] | None = None) -> int:
+    """Rows per batch so that a batch of ``columns`` holds about :data:`DEFAULT_BATCH_VALUES` values (a fixed-size
+    binary column counts half its bytes: see :data:`DEFAULT_BATCH_VALUES`)."""
+    names = list(columns) if columns is not None else arrow_schema.names
+    width = 0
+    for name in names:
+        kind = arrow_schema.field(name).type
+        if pa.types.is_fixed_size_list(kind):
+            width += int(kind.list_size)
+        elif pa.types.is_fixed_size_binary(kind):
+            width += max(1, int(kind.byte_width) // 2)
+        else:
+            width += 1
+    return max(1024, DEFAULT_BATCH_VALUES // max(width, 1))
+
+
+def iter_token_batches(
+    path: str | Path, columns: Sequence[str] | None = None, batch_rows: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Stream one per-token table as record batches of at most ``batch_rows`` rows.
+
+    Reads with ``ParquetFile.iter_batches``: only ``columns`` (all if ``None``) are decoded, one
+    batch at a time, so memory follows the batch size, not the file size (default
+    :func:`default_batch_rows`). Raises :class:`RunFileError` naming the file if it is corrupt or
+    lacks a requested column (batches already yielded stay valid).
+    """
+    if batch_rows is not None and batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    parquet = open_token_file(path)
+    if columns is not None:
+        missing = [c for c in columns if c not in parquet.schema_arrow.names]
+        if missing:
+            raise RunFileError(path, f"missing column(s) {missing}; has {parquet.schema_arrow.names}")
+    rows = batch_rows or default_batch_rows(parquet.schema_arrow, columns)
+    try:
+        yield from parquet.iter_batches(batch_size=rows, columns=list(columns) if columns else None)
+    except (OSError, pa.ArrowException) as exc:
+        raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
+
+
+def iter_run_batches(
+    run: str | Path,
+    columns: Sequence[str] | None = None,
+    steps: Iterable[int] | None = None,
+    batch_rows: int | None = None,
+    skipped: list[Skipped] | None = None,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Stream the per-token tables of a run (``steps`` only, if given) as ``(step, batch)``.
+
+    A file that is corrupt or lacks a column goes to ``skipped`` from the point of failure (the other
+    files are still read); with ``skipped=None`` its :class:`RunFileError` is raised.
+    """
+    files = list_token_files(run)
+    if steps is not None:
+        files = files[files["step"].isin(list(steps))]
+    for step, path in zip(files["step"], files["path"], strict=True):
+        rows = 0
+        try:
+            for batch in iter_token_batches(path, columns, batch_rows):
+                rows += batch.num_rows
+                yield int(step), batch
+        except RunFileError as exc:
+            note = f"; left out from row {rows} on" if rows else "; left out"
+            skip(skipped, RunFileError(exc.path, exc.problem + note))
+
+
+def _fixed_list_values(column: pa.Array | pa.ChunkedArray, width: int, fill: Any) -> np.ndarray:
+    """Values of a fixed-width list column as a ``[rows * width]`` numpy array (zero-copy if possible).
+
+    Accepts a FixedSizeList (the run format) or a plain List whose lists all have ``width`` items
+    (what a Parquet file written without its Arrow schema reads back as). Null items are read as
+    ``fill`` and null rows as ``width`` copies of ``fill`` (both copy).
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    rows = len(column)
+    if pa.types.is_fixed_size_list(column.type):
+        if column.type.list_size != width:
+            raise ValueError(f"list column has {column.type.list_size} items per row, expected {width}")
+        # A FixedSizeList stores `width` values for every row, null rows included.
+        values = column.values.slice(column.offset * width, rows * width)
+    elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        offsets = column.offsets.to_numpy()  # [rows + 1]
+        lengths = np.diff(offsets)  # [rows]
+        valid = column.is_valid().to_numpy(zero_copy_only=False)  # [rows]
+        if not np.all(lengths[valid] == width):
+            raise ValueError(f"list column has rows whose length is not {width}")
+        values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        if column.null_count:  # null rows hold no values here: place the valid rows one by one
+            out = np.full((rows, width), fill, dtype=values.type.to_pandas_dtype())
+            out[valid] = values.fill_null(fill).to_numpy(zero_copy_only=False).reshape(-1, width)
+            return out.reshape(-1)
+    else:
+        raise ValueError(f"expected a list column, got {column.type}")
+    if column.null_count == 0 and values.null_count == 0:
+        return values.to_numpy(zero_copy_only=True)
+    out = values.fill_null(fill).to_numpy(zero_copy_only=False).copy()
+    if column.null_count:
+        out.reshape(rows, width)[~column.is_valid().to_numpy(zero_copy_only=False)] = fill
+    return out
+
+
+def route_array(column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLayout | None = None) -> np.ndarray:
+    """A route column as an int16 array ``[rows, layers, top_k]``, -1 where a route was not recorded.
+
+    Either layout: schema version 3's ``FixedSizeBinary`` is decoded with ``layout``, its table's
+    :func:`~moestab.run_folder.route_columns.route_layout` (``route_layout(batch.schema)``); version 2's
+    ``FixedSizeList<int16>[layers * top_k]`` (or plain lists) needs none. Zero-copy when the column is int16
+    without nulls (the normal case of version 2): the array is a read-only view of the Arrow buffer; a uint8
+    column is widened (one copy). Nulls, not part of the format, are read as -1 (not recorded).
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if pa.types.is_fixed_size_binary(column.type):
+        if layout is None:
+            raise ValueError("a binary route column needs its table's layout: route_array(column, top_k, "
+                             "route_layout(schema)); the table's schema metadata has none")
+        if layout.top_k != top_k:
+            raise ValueError(f"route column holds top-{layout.top_k} decisions, expected top_k={top_k}")
+        return layout.decode(column)
+    width = _list_width(column)
+    if width % top_k:
+        raise ValueError(f"route column has {width} items per row, not a multiple of top_k={top_k}")
+    flat = _fixed_list_values(column, width, -1)
+    if flat.dtype != np.int16:
+        flat = flat.astype(np.int16)
+    return flat.reshape(len(column), width // top_k, top_k)  # [rows, layers, top_k]
+
+
+def iter_run_routes(
+    run: str | Path,
+    route_columns: Sequence[str],
+    top_k: int,
+    other_columns: Sequence[str] = (),
+    steps: Iterable[int] | None = None,
+    batch_rows: int | None = None,
+    skipped: list[Skipped] | None = None,
+    *,
+    num_experts: int | None = None,
+) -> Iterator[tuple[int, pa.RecordBatch, dict[str, np.ndarray]]]:
+    """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays (:func:`route_array`,
+    either layout: each table is decoded by its own column types and schema metadata).
+
+    Yields ``(step, batch, {column: routes})``. A file whose route column is malformed (a width that
+    is not a multiple of ``top_k``, route columns of different widths, a binary column without its layout, or, given
+    ``num_experts``, an expert id outside ``0 .. num_experts - 1`` and -1) goes to ``skipped`` from there on (raises
+    with ``skipped=None``).
+    """
+    bad: set[int] = set()
+    first_row: dict[int, int] = {}  # step -> the file row of the batch's first row
+    columns = [*route_columns, *(c for c in other_columns if c not in route_columns)]
+    for step, batch in iter_run_batches(run, columns, steps=steps, batch_rows=batch_rows, skipped=skipped):
+        offset = first_row.get(step, 0)
+        first_row[step] = offset + batch.num_rows
+        if step in bad:
+            continue
+        try:
+            layout = route_layout(batch.schema)
+            routes = {c: route_array(batch.column(c), top_k, layout) for c in route_columns}
+            if len({r.shape[1] for r in routes.values()}) > 1:
+                raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
+            if num_experts is not None:
+                for column, ids in routes.items():
+                    _check_ids(ids, column, num_experts, offset)
+        except (ValueError, pa.ArrowException) as exc:
+            bad.add(step)
+            where = Path(run) / schema.tokens_file(step)
+            skip(skipped, RunFileError(where, f"malformed route column ({exc}); the rest of the file is left out"))
+            continue
+        yield step, batch, routes
+
+
+def _check_ids(ids: np.ndarray, column: str, num_experts: int, first_row: int) -> None:
+    """ValueError naming the first row of ``ids`` ``[rows, layers, top_k]`` (``first_row``: the file row of its row 0)
+    whose id is not -1 or an expert."""
+    bad = (ids < -1) | (ids >= num_experts)
+    if bad.any():
+        row, layer, slot = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{column} row {first_row + row}, layer {layer}, slot {slot} holds expert id "
+                         f"{int(ids[row, layer, slot])}; the run has {num_experts} experts (ids 0..{num_experts - 1}, "
+                         "-1 for none)")
+
+
+def margin_array(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``margin_old`` (FixedSizeList<float32>[layers]) as float32 ``[rows, layers]``, NaN for nulls."""
+    width = _list_width(column)
+    flat = _fixed_list_values(column, width, np.nan)
+    if flat.dtype != np.float32:
+        flat = flat.astype(np.float32)
+    return flat.reshape(len(column), width)  # [rows, layers]
+
+
+def _list_width(column: pa.Array | pa.ChunkedArray) -> int:
+    if pa.types.is_fixed_size_list(column.type):
+        return int(column.type.list_size)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        chunk = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks else column
+        if isinstance(chunk, pa.ChunkedArray) or len(chunk) == 0:
+            return 0
+        offsets = chunk.offsets.to_numpy()
+        lens = np.diff(offsets)[chunk.is_valid().to_numpy(zero_copy_only=False)]
+        return int(lens[0]) if lens.size else 0
+    raise ValueError(f"expected a list column, got {column.type}")
+
+
+def scalar_columns(parquet_schema: pa.Schema) -> list[str]:
+    """Names of the one-value-a-row columns of a per-token table schema: not the per-layer lists, nor the route
+    columns in either layout (lists, or schema version 3's fixed-size binary)."""
+    return [f.name for f in parquet_schema
+            if not pa.types.is_nested(f.type) and not pa.types.is_fixed_size_binary(f.type)]
+
+
+def load_tokens(
+    run: str | Path,
+    columns: Sequence[str] | None = None,
+    steps: Iterable[int] | None = None,
+    skipped: list[Skipped] | None = None,
+) -> pd.DataFrame:
+    """The scalar per-token columns of a run's tables (``steps`` only, if given) as one DataFrame.
+
+    ``columns`` defaults to every one-value-a-row column (:func:`scalar_columns`; route and margin columns are
+    read with :func:`route_array` / :func:`margin_array` instead). Holds everything in memory: for large runs
+    pass only the columns needed, or stream with :func:`iter_run_batches`. Unreadable files go to
+    ``skipped`` (raise with ``skipped=None``).
+    """
+    wanted = list(columns) if columns is not None else None
+    tables: list[pa.Table] = []
+    files = list_token_files(run)
+    if steps is not None:
+        files = files[files["step"].isin(list(steps))]
+    for path in files["path"]:
+        try:
+            parquet = open_token_file(path)
+            names = wanted if wanted is not None else scalar_columns(parquet.schema_arrow)
+            missing = [c for c in names if c not in parquet.schema_arrow.names]
+            if missing:
+                raise RunFileError(path, f"missing column(s) {missing}")
+            tables.append(parquet.read(columns=names))
+        except RunFileError as exc:
+            skip(skipped, exc)
+        except (OSError, pa.ArrowException) as exc:
+            skip(skipped, RunFileError(path, f"corrupt Parquet data ({exc})"))
+    if not tables:
+        return pd.DataFrame(columns=wanted or [])
+    table = pa.concat_tables(tables, promote_options="default")
+    return table.to_pandas()
+
+
+def read_routes(path: str | Path, column: str, top_k: int) -> np.ndarray:
+    """One route column of one per-token table (either layout), whole, as int16 ``[rows, layers, top_k]``."""
+    parquet = open_token_file(path)
+    if column not in parquet.schema_arrow.names:
+        raise RunFileError(path, f"missing column {column!r}")
+    try:
+        table = parquet.read(columns=[column])
+    except (OSError, pa.ArrowException) as exc:
+        raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
+    return route_array(table.column(column), top_k, route_layout(parquet.schema_arrow))
+
+
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float, or ``None`` when missing, null or NaN (for JSON output)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+__all__ += [
+    "DEFAULT_BATCH_VALUES",
+    "default_batch_rows",
+    "finite_or_none",
+    "iter_run_batches",
+    "iter_run_routes",
+    "iter_token_batches",
+    "list_checkpoints",
+    "list_token_files",
+    "load_metrics",
+    "load_runs_metrics",
+    "load_tokens",
+    "margin_array",
+    "metrics_step_problem",
+    "open_token_file",
+    "read_routes",
+    "route_array",
+    "route_layout",
+    "scalar_columns",
+]

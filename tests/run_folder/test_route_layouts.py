@@ -1,0 +1,378 @@
+"""Route columns in both layouts: schema version 3's binary columns by hand, and one step written in version 2's
+``FixedSizeList<int16>`` and in version 3's ``FixedSizeBinary`` read back identically by every reader and analyzer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from moestab.analysis.attribution import run_attribution
+from moestab.analysis.dashboard_data import run_coactivation
+from moestab.analysis.experts import run_expert_counts
+from moestab.analysis.summary import step_metrics_from_tokens
+from moestab.analysis.volatility import PAIRS, RUN_KEYS, run_volatility, volatility_table
+from moestab.recording.batch import RolloutBatch
+from moestab.recording.step_tensors import StepTensors
+from moestab.recording.token_table import token_table
+from moestab.routing import Routes
+from moestab.run_folder import RunFolder, schema
+from moestab.run_folder import reader as R
+from moestab.run_folder.route_columns import (
+    RouteLayout,
+    list_route_column,
+    route_layout,
+    route_layout_for,
+    token_parquet_options,
+)
+from moestab.run_folder.run_info import ModelInfo, RunInfo, read_run_info
+from moestab.run_folder.writer import RunWriter
+from moestab.tasks import Example
+from tests.support.tables import token_frame
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+# ---- the binary layout by hand -------------------------------------------------------------------------------------
+def test_uint8_route_bytes_by_hand():
+    layout = RouteLayout("uint8", layers=2, top_k=2)
+    routes = np.array([[[3, 0], [7, 1]], [[2, 5], [-1, -1]]])  # the second token's layer 1 was not recorded
+    column = layout.encode(routes)
+    assert column.type == pa.binary(4)  # 2 layers x top-2 x 1 byte
+    assert column.to_pylist() == [bytes([3, 0, 7, 1]), bytes([2, 5, 255, 255])]  # row-major [layer, slot]; -1 -> 255
+    decoded = layout.decode(column)
+    assert decoded.dtype == np.int16
+    np.testing.assert_array_equal(decoded, routes)
+
+
+def test_int16_route_bytes_by_hand():
+    layout = RouteLayout("int16", layers=1, top_k=2)
+    column = layout.encode(np.array([[[300, 1]], [[-1, -1]]]))
+    # little-endian: 300 = 0x012C -> 2C 01, 1 -> 01 00, -1 -> FF FF
+    assert column.to_pylist() == [b"\x2c\x01\x01\x00", b"\xff\xff\xff\xff"]
+    decoded = layout.decode(column)
+    np.testing.assert_array_equal(decoded, [[[300, 1]], [[-1, -1]]])
+    assert np.shares_memory(decoded, np.frombuffer(column.buffers()[1], np.int16))  # int16: a view, no copy
+
+
+def test_the_writer_picks_uint8_while_255_is_free_for_not_recorded():
+    assert route_layout_for(128, 48, 8) == RouteLayout("uint8", 48, 8)
+    assert route_layout_for(255, 1, 1).dtype == "uint8"  # ids 0..254, 255 = not recorded
+    assert route_layout_for(256, 1, 1).dtype == "int16"  # id 255 exists (DeepSeek-V3's 256 experts)
+    assert route_layout_for(32768, 1, 1).dtype == "int16"
+    assert route_layout_for(128, 48, 8, schema_version=2) is None  # version 2: FixedSizeList<int16>, no layout
+    with pytest.raises(ValueError, match="schema version"):
+        route_layout_for(128, 48, 8, schema_version=1)
+    with pytest.raises(ValueError, match="num_experts"):
+        route_layout_for(32769, 1, 1)
+    with pytest.raises(ValueError, match=r"-1\.\.254"):
+        RouteLayout("uint8", 1, 2).encode(np.array([[[255, 0]]]))
+    with pytest.raises(ValueError, match=r"\[rows, 1, 2\]"):
+        RouteLayout("uint8", 1, 2).encode(np.array([[[1, 0, 2]]]))
+
+
+def test_decoding_follows_slices_chunks_and_null_rows():
+    layout = RouteLayout("uint8", layers=1, top_k=2)
+    routes = np.array([[[0, 1]], [[2, 3]], [[4, 5]]])
+    column = layout.encode(routes)
+    np.testing.assert_array_equal(layout.decode(column.slice(1, 2)), routes[1:])
+    np.testing.assert_array_equal(layout.decode(pa.chunked_array([column.slice(0, 1), column.slice(1, 2)])), routes)
+    with_null = pa.array([bytes([6, 7]), None], pa.binary(2))
+    np.testing.assert_array_equal(layout.decode(with_null), [[[6, 7]], [[-1, -1]]])  # a null row: not recorded
+    with pytest.raises(ValueError, match="bytes a row"):
+        RouteLayout("uint8", layers=2, top_k=2).decode(column)
+
+
+def test_the_layout_is_in_the_schema_metadata():
+    layout = RouteLayout("uint8", layers=48, top_k=8)
+    table = pa.table({schema.COL_ROUTES_OLD: layout.encode(np.zeros((1, 48, 8), np.int16))})
+    table = table.replace_schema_metadata(layout.metadata())
+    assert json.loads(table.schema.metadata[b"moestab.routes"]) == {
+        "encoding": "fixed_size_binary", "dtype": "uint8", "byte_order": "little", "order": "[layer, slot]",
+        "layers": 48, "top_k": 8, "absent": 255}
+    assert route_layout(table.schema) == layout
+    assert route_layout(pa.schema([("x", pa.int32())])) is None  # version 2: no entry
+    for bad in ({"encoding": "fixed_size_binary", "byte_order": "little", "dtype": "uint4", "layers": 1, "top_k": 1,
+                 "absent": 15},
+                {"encoding": "fixed_size_binary", "byte_order": "little", "dtype": "uint8", "layers": 1, "top_k": 1,
+                 "absent": -1},
+                {"encoding": "fixed_size_binary", "byte_order": "big", "dtype": "int16", "layers": 1, "top_k": 1,
+                 "absent": -1},
+                {"encoding": "fixed_size_binary", "byte_order": "little"}):
+        with pytest.raises(ValueError):
+            route_layout(pa.schema([("x", pa.int32())], metadata={"moestab.routes": json.dumps(bad)}))
+
+
+def test_route_array_needs_the_layout_of_a_binary_column():
+    layout = RouteLayout("uint8", layers=1, top_k=2)
+    column = layout.encode(np.array([[[0, 1]]]))
+    np.testing.assert_array_equal(R.route_array(column, 2, layout), [[[0, 1]]])
+    with pytest.raises(ValueError, match="layout"):
+        R.route_array(column, 2)
+    with pytest.raises(ValueError, match="top-2"):
+        R.route_array(column, 1, layout)
+
+
+def test_batch_rows_and_scalar_columns_count_binary_route_columns():
+    arrow_schema = pa.schema([(schema.COL_STEP, pa.int32()), (schema.COL_ROUTES_OLD, pa.binary(384)),
+                              (schema.COL_MARGIN_OLD, pa.list_(pa.float32(), 48))])
+    assert R.default_batch_rows(arrow_schema) == R.DEFAULT_BATCH_VALUES // (1 + 384 // 2 + 48)  # bytes count half
+    assert R.scalar_columns(arrow_schema) == [schema.COL_STEP]
+
+
+def test_parquet_options_leave_only_binary_route_columns_plain_and_uncompressed():
+    arrow_schema = pa.schema([(schema.COL_STEP, pa.int32()), (schema.COL_ROUTES_OLD, pa.binary(4)),
+                              (schema.COL_ROUTES_NEW, pa.list_(pa.int16(), 4)),
+                              (schema.COL_MARGIN_OLD, pa.list_(pa.float32(), 2))])
+    options = token_parquet_options(arrow_schema)
+    assert options["compression"] == {"step": "snappy", "routes_old": "none", "routes_new.list.element": "snappy",
+                                      "margin_old.list.element": "snappy"}
+    assert options["use_dictionary"] == ["step", "routes_new.list.element", "margin_old.list.element"]
+
+
+# ---- one step in both layouts ---------------------------------------------------------------------------------------
+B, P, T = 4, 2, 3  # sequences (2 prompts x 2), prompt columns, response positions
+LAYERS = (1, 3, 5)  # decoder layers of the routes' layer axis
+SLOTS = [0, 2]  # recorded: decoder layers 1 and 5
+K = 2
+ROWS = torch.tensor([0, 1, 3])  # recorded sequences (sequence 2 is not)
+RESPONSE = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)  # [B, T]
+
+
+def _routes(gen: torch.Generator, experts: int) -> torch.Tensor:
+    """``[B, L, layers, K]`` int16 routes, distinct experts per decision."""
+    n = B * (P + T - 1) * len(LAYERS)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:K] for _ in range(n)])  # [n, K]
+    return ids.reshape(B, P + T - 1, len(LAYERS), K).to(torch.int16)
+
+
+def _changed(gen: torch.Generator, routes: torch.Tensor, experts: int, share: float) -> torch.Tensor:
+    """``routes`` with about ``share`` of the decisions drawn again (so pairs differ, but not everywhere)."""
+    other = _routes(gen, experts)  # [B, L, layers, K]
+    redraw = torch.rand(routes.shape[:3], generator=gen) < share  # [B, L, layers]
+    return torch.where(redraw[..., None], other, routes)
+
+
+def step_tensors(experts: int, seed: int) -> StepTensors:
+    """A tiny step by hand: 2 prompts x 2 sequences, 3 response positions, 3 MoE layers, top-2 of ``experts``."""
+    gen = torch.Generator().manual_seed(seed)
+    old_free = _routes(gen, experts)
+    rollout = _changed(gen, old_free, experts, 0.3)
+    rollout[0, P - 1, 2] = -1  # the rollout engine did not record one decision (first token, last layer)
+    new = _changed(gen, old_free, experts, 0.4)
+    new[3] = -1  # pi_new did not re-run sequence 3 (TRL's record_new_fraction < 1)
+
+    def floats(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=gen)
+
+    batch = RolloutBatch(
+        input_ids=torch.zeros(B, P + T - 1, dtype=torch.long), attention_mask=torch.ones(B, P + T - 1),
+        targets=torch.zeros(B, T, dtype=torch.long), response_mask=RESPONSE, logp_rollout=-floats(B, T),
+        routes=Routes(indices=rollout, layers=LAYERS, num_experts=experts), prompt_len=P, completions=["x"] * B)
+    return StepTensors(
+        batch=batch, examples=[Example("1+1=", "2"), Example("2+2=", "4")], rewards=floats(B), correct=None,
+        advantages=floats(B) - 0.5, minibatch=torch.tensor([0, 0, 1, 1]), logp_old=-floats(B, T),
+        logp_old_free=-floats(B, T), logp_update=-floats(B, T), logp_new=-floats(B, T), clipped=floats(B, T) < 0.3,
+        routes_old=old_free, routes_old_free=Routes(indices=old_free, layers=LAYERS, num_experts=experts,
+                                                    margin=floats(B, P + T - 1, len(LAYERS)),
+                                                    confidence=floats(B, P + T - 1, len(LAYERS))),
+        routes_update=_changed(gen, old_free, experts, 0.3),
+        routes_new=Routes(indices=new, layers=LAYERS, num_experts=experts))
+
+
+def expected_routes(t: StepTensors, indices: torch.Tensor) -> np.ndarray:
+    """``[tokens, 2, K]``: the routes of each recorded response token, token by token in table order — those of the
+    input position that scores it (``P - 1 + position``), on the recorded layers."""
+    out = [indices[s, P - 1 + pos, SLOTS].numpy() for s in ROWS.tolist() for pos in range(T) if RESPONSE[s, pos]]
+    return np.stack(out)
+
+
+def write_run(path: Path, version: int, steps: dict[int, StepTensors], experts: int) -> Path:
+    """A run folder as a moestab of schema ``version`` writes it: run.json and one table per step (row groups of 3
+    rows, so that reads cross row groups)."""
+    folder = RunFolder(path)
+    for sub in folder.subfolders():
+        sub.mkdir(parents=True)
+    info = RunInfo(config={"algo": "grpo", "routing_replay": "off", "model": "tiny", "steps": len(steps)},
+                   model=ModelInfo(family="tiny", moe_layers=LAYERS, num_experts=experts, top_k=K,
+                                   recorded_layers=tuple(LAYERS[s] for s in SLOTS)),
+                   status=schema.STATUS_FINISHED, last_step=len(steps), schema_version=version)
+    folder.run_json.write_text(json.dumps(info.to_json()))
+    writer = RunWriter(path)
+    for step, t in steps.items():
+        writer.write_tokens(step, token_table(step, t, rows=ROWS, layer_slots=SLOTS, schema_version=version),
+                            row_group_size=3)
+    return path
+
+
+@pytest.fixture(params=[8, 300], ids=["uint8", "int16"])
+def both_layouts(request, tmp_path):
+    """The same two steps written as schema version 2 and version 3 run folders: ``(steps, v2 run, v3 run)``."""
+    experts = request.param
+    steps = {1: step_tensors(experts, seed=1), 2: step_tensors(experts, seed=2)}
+    return (steps, experts, write_run(tmp_path / "v2", 2, steps, experts),
+            write_run(tmp_path / "v3", 3, steps, experts))
+
+
+def test_each_version_writes_its_layout(both_layouts):
+    _, experts, v2, v3 = both_layouts
+    old, new = pq.ParquetFile(v2 / schema.tokens_file(1)), pq.ParquetFile(v3 / schema.tokens_file(1))
+    itemsize = 1 if experts <= 255 else 2
+    for column in schema.ROUTE_COLUMNS:
+        assert old.schema_arrow.field(column).type == pa.list_(pa.int16(), 2 * K)
+        assert new.schema_arrow.field(column).type == pa.binary(2 * K * itemsize)
+    assert route_layout(old.schema_arrow) is None
+    assert route_layout(new.schema_arrow) == RouteLayout("uint8" if itemsize == 1 else "int16", 2, K)
+    assert old.schema_arrow.field(schema.COL_MARGIN_OLD).type == new.schema_arrow.field(schema.COL_MARGIN_OLD).type
+    chunks = {new.metadata.row_group(0).column(i).path_in_schema: new.metadata.row_group(0).column(i)
+              for i in range(new.metadata.num_columns)}
+    for column in schema.ROUTE_COLUMNS:  # plain and uncompressed: decoded as one copy of the bytes
+        assert chunks[column].compression == "UNCOMPRESSED"
+        assert not any("DICTIONARY" in e for e in chunks[column].encodings)
+    assert chunks[schema.COL_STEP].compression == "SNAPPY"
+    assert read_run_info(v2).schema_version == 2 and read_run_info(v3).schema_version == schema.SCHEMA_VERSION == 3
+
+
+def test_both_layouts_read_back_the_step_tensors_routes(both_layouts):
+    steps, _, v2, v3 = both_layouts
+    sources = {schema.COL_ROUTES_ROLLOUT: lambda t: t.batch.routes.indices,
+               schema.COL_ROUTES_OLD: lambda t: t.routes_old,
+               schema.COL_ROUTES_OLD_FREE: lambda t: t.routes_old_free.indices,
+               schema.COL_ROUTES_UPDATE: lambda t: t.routes_update,
+               schema.COL_ROUTES_NEW: lambda t: t.routes_new.indices}
+    for step, t in steps.items():
+        for column, source in sources.items():
+            expected = expected_routes(t, source(t))  # [tokens, 2, K]
+            for run in (v2, v3):
+                got = R.read_routes(run / schema.tokens_file(step), column, K)
+                assert got.dtype == np.int16
+                np.testing.assert_array_equal(got, expected, err_msg=f"{run.name} step {step} {column}")
+    new = R.read_routes(v3 / schema.tokens_file(1), schema.COL_ROUTES_NEW, K)
+    assert (new[-3:] == -1).all() and (new[:-3] >= 0).all()  # sequence 3 (3 tokens, last) was not re-run
+    assert (R.read_routes(v3 / schema.tokens_file(1), schema.COL_ROUTES_ROLLOUT, K)[0, 1] == -1).all()
+
+
+def test_every_reader_gives_the_same_from_both_layouts(both_layouts):
+    _, _, v2, v3 = both_layouts
+    for step in (1, 2):
+        per_run = []
+        for run in (v2, v3):
+            path = run / schema.tokens_file(step)
+            batches = list(R.iter_token_batches(path, schema.ROUTE_COLUMNS, batch_rows=2))
+            assert len(batches) > 2  # several batches, across row groups
+            per_run.append({c: np.concatenate([R.route_array(b.column(c), K, route_layout(b.schema)) for b in batches])
+                            for c in schema.ROUTE_COLUMNS})
+        for column in schema.ROUTE_COLUMNS:
+            np.testing.assert_array_equal(per_run[0][column], per_run[1][column])
+    streamed = [list(R.iter_run_routes(run, schema.ROUTE_COLUMNS, K, [schema.COL_STEP], batch_rows=2))
+                for run in (v2, v3)]
+    assert len(streamed[0]) == len(streamed[1]) > 2
+    for (s2, b2, r2), (s3, b3, r3) in zip(*streamed, strict=True):
+        assert s2 == s3 and b2.column(schema.COL_STEP).equals(b3.column(schema.COL_STEP))
+        for column in schema.ROUTE_COLUMNS:
+            np.testing.assert_array_equal(r2[column], r3[column])
+    old_tokens, new_tokens = R.load_tokens(v2), R.load_tokens(v3)
+    assert not set(schema.ROUTE_COLUMNS) & set(new_tokens.columns)  # route columns are not "scalar" in either
+    pd.testing.assert_frame_equal(old_tokens, new_tokens)
+    for column in (schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD):  # per-layer floats: the same layout in both
+        margins = [R.margin_array(pq.read_table(run / schema.tokens_file(1)).column(column)) for run in (v2, v3)]
+        np.testing.assert_array_equal(*margins)
+
+
+def test_every_analysis_gives_the_same_from_both_layouts(both_layouts):
+    _, _, v2, v3 = both_layouts
+    checked = 0
+    for pair in PAIRS:
+        tables = [volatility_table(run_volatility(run, pair, batch_rows=2), by=[*RUN_KEYS, "layer"])
+                  for run in (v2, v3)]
+        pd.testing.assert_frame_equal(*tables)
+        on_this_thread = run_volatility(v3, pair, batch_rows=2, read_ahead=0)  # no read-ahead: the same counts
+        pd.testing.assert_frame_equal(volatility_table(on_this_thread, by=[*RUN_KEYS, "layer"]), tables[1])
+        checked += bool(((tables[1]["changed"] > 0) & (tables[1]["changed"] < 1)).any())
+    assert checked >= 3  # not all 0 == 0 or 1 == 1: the pairs differ on some decisions, not all
+    unrecorded = volatility_table(run_volatility(v3, "old_new"))["unrecorded"].iloc[0]
+    assert unrecorded == 2 * 3 * 2  # 2 steps x sequence 3's 3 tokens x 2 layers without pi_new
+    np.testing.assert_array_equal(run_expert_counts(v2), run_expert_counts(v3))
+    for layer in (0, 1):
+        np.testing.assert_array_equal(run_coactivation(v2, layer, schema.COL_ROUTES_NEW, batch_rows=2),
+                                      run_coactivation(v3, layer, schema.COL_ROUTES_NEW, batch_rows=2))
+    attributions = [run_attribution(run, "update_old", margin_bins=2, batch_rows=2) for run in (v2, v3)]
+    for field in fields(attributions[0]):
+        if field.name != "pair":
+            pd.testing.assert_frame_equal(getattr(attributions[0], field.name), getattr(attributions[1], field.name))
+    pd.testing.assert_frame_equal(step_metrics_from_tokens(v2), step_metrics_from_tokens(v3))
+
+
+def test_a_version_2_run_continued_by_this_moestab_is_marked_version_3(both_layouts):
+    _, _, v2, _ = both_layouts
+    RunWriter(v2).update(last_step=3)  # what --resume does first; the tables it adds are binary
+    assert read_run_info(v2).schema_version == schema.SCHEMA_VERSION
+
+
+def test_a_mixed_run_reads_each_table_by_its_own_layout(both_layouts):
+    _, _, v2, v3 = both_layouts
+    (v2 / schema.tokens_file(2)).write_bytes((v3 / schema.tokens_file(2)).read_bytes())  # resumed at step 2
+    tables = [volatility_table(run_volatility(run, "old_new"), by=["step"]) for run in (v2, v3)]
+    pd.testing.assert_frame_equal(*tables)
+
+
+def test_the_pandas_recipe_of_the_docs_decodes_the_binary_columns(both_layouts):
+    _, _, v2, v3 = both_layouts
+    path = v3 / schema.tokens_file(1)
+    text = (DOCS / "run-format.md").read_text()
+    (snippet,) = [code for code in re.findall(r"```python\n(.*?)```", text, re.S) if "np.frombuffer" in code]
+    namespace: dict = {}
+    exec(snippet.replace('"RUN/tokens/step_000001.parquet"', repr(str(path))), namespace)  # the doc's code, as is
+    np.testing.assert_array_equal(namespace["routes"], R.read_routes(path, schema.COL_ROUTES_OLD, K))
+    assert list(namespace["tokens"].columns[:3]) == [schema.COL_STEP, schema.COL_SEQ, schema.COL_POSITION]
+    old, new = token_frame(v2 / schema.tokens_file(1)), token_frame(path)  # the tests' helper, the same recipe
+    pd.testing.assert_frame_equal(old.drop(columns=list(schema.ROUTE_COLUMNS)),
+                                  new.drop(columns=list(schema.ROUTE_COLUMNS)))
+    for column in schema.ROUTE_COLUMNS:
+        np.testing.assert_array_equal(np.stack(old[column]), np.stack(new[column]))
+        assert np.stack(new[column]).dtype == np.int16
+
+
+def test_list_route_column_is_the_version_2_layout():
+    column = list_route_column(np.array([[[3, 0], [-1, -1]]]))
+    assert column.type == pa.list_(pa.int16(), 4)
+    assert column.to_pylist() == [[3, 0, -1, -1]]
+
+
+def test_the_duckdb_query_of_the_docs_gives_the_readers_routes(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    run = write_run(tmp_path / "v3", 3, {1: step_tensors(8, seed=1), 2: step_tensors(8, seed=2)}, 8)
+    text = (DOCS / "run-format.md").read_text()
+    (sql,) = [code for code in re.findall(r"```sql\n(.*?)```", text, re.S) if "parquet_kv_metadata" in code]
+    sql = (sql.replace("RUN/tokens/step_000001.parquet", str(run / schema.tokens_file(1)))
+           .replace("RUN/tokens/*.parquet", str(run / "tokens" / "*.parquet"))
+           .replace("SET VARIABLE top_k = 8;", f"SET VARIABLE top_k = {K};"))
+    connection = duckdb.connect()
+
+    def code(part: str) -> str:  # the SQL without its comments
+        return "\n".join(line.split("--")[0] for line in part.splitlines()).strip()
+
+    statements = [part for part in sql.split(";") if code(part)]  # a comment after the last ';' is no statement
+    ((layout,),) = connection.sql(statements[0]).fetchall()
+    assert json.loads(layout)["top_k"] == K
+    connection.sql(statements[1])
+    got = connection.sql(statements[2]).df()
+    expected = []
+    for step in (1, 2):
+        path = run / schema.tokens_file(step)
+        table = pd.read_parquet(path, columns=[schema.COL_SEQ, schema.COL_POSITION])
+        routes = R.read_routes(path, schema.COL_ROUTES_OLD, K)  # [tokens, layers, K], -1 not recorded
+        for (seq, pos), token in zip(table.itertuples(index=False), routes, strict=True):
+            expected += [(step, seq, pos, layer, slot, int(e)) for layer, row in enumerate(token)
+                         for slot, e in enumerate(row) if e >= 0]
+    rows = sorted(map(tuple, got[["step", "seq", "position", "layer", "slot", "expert"]].astype(int).to_numpy()))
+    assert rows == sorted(expected) and len(rows) > 0
