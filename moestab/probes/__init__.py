@@ -9,6 +9,9 @@
   the step probes built on it (they take a task instead of a suite);
 - ``folder``: the probe folder (``probe.json`` + CSV tables) the dashboard reads; ``plots``: its figures.
 
+The checkout's top-level ``probes/`` holds the launchers: ``probes/NAME.py`` is ``moestab probe NAME`` (the same
+command, for users who run scripts), ``probes/build_suites.py`` writes the suites above as files; the logic is here.
+
 The names below are imported on first use (PEP 562 ``__getattr__``): ``moestab probe --help`` reads the registry
 and :class:`ProbeSettings` without loading torch, transformers or pandas.
 """

@@ -13,6 +13,10 @@ the framework holds it, and :data:`IMPORTERS`, the registry by name (:func:`impo
 :class:`PayloadError`, which names the field, its shape and dtype and what was expected, before anything is built.
 Nothing here imports a framework: payloads are read by their documented field names, so objects and their JSON forms
 both work.
+
+``placement`` puts any engine's per-sequence rows on the trainer's layout: ``moestab train --rollout-engine vllm``
+(``moestab.train.vllm_engine``) and every importer call it, which is why this package sits at layer 5, below both
+the trainers and the integrations (docs/engineering.md, "The layers").
 """
 
 from __future__ import annotations
