@@ -17,6 +17,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -52,6 +54,18 @@ def _metrics(a: Path, b: Path) -> tuple[list[str], int]:
     return out, compared
 
 
+def _same_column(x: pa.ChunkedArray, y: pa.ChunkedArray) -> bool:
+    """Equal values, NaN equal to NaN (a TRL run's rewards are NaN: Arrow's equality calls such a column different
+    from itself)."""
+    if x.equals(y):
+        return True
+    if x.type != y.type or not pa.types.is_floating(x.type):
+        return False
+    nulls_x, nulls_y = x.is_null().to_numpy(zero_copy_only=False), y.is_null().to_numpy(zero_copy_only=False)
+    values_x, values_y = x.fill_null(0).to_numpy(), y.fill_null(0).to_numpy()
+    return bool((nulls_x == nulls_y).all()) and bool(np.array_equal(values_x, values_y, equal_nan=True))
+
+
 def _tokens(a: Path, b: Path) -> tuple[list[str], int]:
     fa, fb = list_token_files(a), list_token_files(b)
     if fa["step"].tolist() != fb["step"].tolist():
@@ -59,9 +73,10 @@ def _tokens(a: Path, b: Path) -> tuple[list[str], int]:
     out = []
     for pa_, pb_ in zip(fa["path"], fb["path"], strict=True):
         ta, tb = pq.read_table(pa_), pq.read_table(pb_)
-        if not ta.equals(tb):
-            differ = [c for c in ta.column_names if c not in tb.column_names or not ta[c].equals(tb[c])]
-            out.append(f"{Path(pa_).name}: columns differ: {differ}")
+        differ = [c for c in ta.column_names if c not in tb.column_names or not _same_column(ta[c], tb[c])]
+        differ += [c for c in tb.column_names if c not in ta.column_names]
+        if differ or ta.column_names != tb.column_names:
+            out.append(f"{Path(pa_).name}: columns differ: {differ or 'in order'}")
     return out, len(fa)
 
 

@@ -112,3 +112,15 @@ def test_ruff_is_clean():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", ".", "--output-format", "concise"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_same_run_holds_nan_equal_to_nan_and_nothing_else():
+    """A TRL run's reward column is NaN: Arrow's own equality called such a run different from itself."""
+    import pyarrow as pa
+
+    same_column = _script("same_run")._same_column
+    nan = float("nan")
+    assert same_column(pa.chunked_array([[nan, 1.5, None]]), pa.chunked_array([[nan, 1.5, None]]))
+    assert not same_column(pa.chunked_array([[nan, 1.5]]), pa.chunked_array([[nan, 1.25]]))
+    assert not same_column(pa.chunked_array([[nan, None]]), pa.chunked_array([[nan, 0.0]]))  # a null is not a 0
+    assert not same_column(pa.chunked_array([[1, 2]]), pa.chunked_array([[1, 3]]))

@@ -1,7 +1,7 @@
 """One RL step: rollout -> rewards and advantages -> pi_old -> one update per minibatch -> metrics.
 
 The step trains; the forwards that exist only to measure (pi_old's free twin under R3 / TRR, routing's share around
-each update, pi_new) are declared in :mod:`moestab.train.measurements` and called at its three named points:
+each update, pi_new) are declared in :mod:`moestab.recording.measurements` and called at its three named points:
 ``before_updates``, around each update (``before_update`` / ``after_update``) and ``after_step``.
 
 Routing Replay modes (the ``replay`` setting):
@@ -48,6 +48,15 @@ from transformers import PreTrainedModel
 from moestab import rl
 from moestab.metrics import keys
 from moestab.recording.batch import RolloutBatch, cat_batches
+from moestab.recording.measurements import (
+    FreeOldPolicy,
+    Measurement,
+    Scored,
+    UpdateView,
+    measured_metrics,
+    sampled_columns,
+    step_measurements,
+)
 from moestab.recording.step_metrics import Updates, step_metrics
 from moestab.recording.step_tensors import StepTensors, cat_loss_inputs, cat_step_tensors
 from moestab.rl.shaping import overlong_penalty
@@ -57,13 +66,7 @@ from moestab.tasks import Example, Task
 from moestab.train.distributed import SINGLE, World, local_chunks
 from moestab.train.engine import RolloutEngine
 from moestab.train.forward import PolicyForward, chunk_logprobs, chunked_policy_forward, policy_forward, response_routes
-from moestab.train.measurements import (
-    FreeOldPolicy,
-    Measurement,
-    free_old_forward,
-    needs_router_logprobs,
-    step_measurements,
-)
+from moestab.train.step_forwards import TrainForwards, measure_setup, needs_router_logprobs
 
 
 class NonFiniteLossError(RuntimeError):
@@ -93,7 +96,7 @@ class StepSettings:
     replay_score_ratio: float = 0.0
     """Score-threshold replay in the updates (``RoutingReplay(score_ratio=...)``); 0: plain replay."""
     routing_share: bool = False
-    """Score each minibatch once more on its update's weights with the other routing (:func:`_counterfactual_logp`)
+    """Score each minibatch once more on its update's weights with the other routing (``measurements.RoutingShare``)
     for routing's share of the ratio (``routing_share/*``)."""
 
 
@@ -113,7 +116,7 @@ def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator
 
 @dataclass(frozen=True)
 class _OldPolicy:
-    free: PolicyForward | None  # free routing, routes recorded with router stats; None: a measurement's (R3 / TRR)
+    free: Scored | None  # free routing, routes recorded with router stats; None: a measurement's (R3 / TRR)
     logp: torch.Tensor  # [B, T] as used in the ratio (NaN on ``from_first_update`` rows until the first update)
     routes: torch.Tensor  # [B, L, layers, k] routes that produced ``logp``
     ref_logp: torch.Tensor | None  # [B, T] reference policy, for the KL penalty
@@ -256,7 +259,8 @@ def _old_policy(
     """pi_old as the ratio uses it: its free forward (routes recorded, for the records and R2), or under R3 / TRR a
     forward replaying the rollout engine's routes (TRR: and its gates), whose free twin is a measurement
     (``measurements.FreeOldPolicy``) unless the objective reads the free routers' log-probs."""
-    free = None if FreeOldPolicy.applies(s) else free_old_forward(model, batch, chunks, s, None)
+    free = None if FreeOldPolicy.applies(measure_setup(s)) else TrainForwards(model, batch, chunks, s).free(
+        None, entropy=True, router_stats=True, router_logprobs=needs_router_logprobs(s.preset))
     if schema.REPLAY_ROUTES[s.replay] != "rollout":
         logp, routes, from_first_update = free.logp, free.routes.indices, False
     else:
@@ -327,6 +331,7 @@ def _updates(
     update forward (see :func:`_old_policy`)."""
     old_free_routes = None if old.free is None else old.free.routes  # [B, L, layers, k] R2's replay, or None (R3)
     replay_source = {None: None, "old": old_free_routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
+    forwards = TrainForwards(model, batch, chunks, s, old_free_routes)
     minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]
@@ -340,7 +345,7 @@ def _updates(
         held = rows if len(rows) else rows.new_zeros(1)
         scored = torch.arange(len(held)) if measured is None else torch.nonzero(measured[held]).flatten()  # [b']
         for measure in measures:
-            measure.before_update(model, batch, held, scored, old_free_routes)
+            measure.before_update(forwards, held, scored)
         fwd = policy_forward(
             model, batch.select(held), temperature=s.temperature,
             replay=None if replay_source is None else replay_source.select(held),
@@ -351,8 +356,11 @@ def _updates(
             old.logp[rows] = fwd.logp.detach().to(old.logp.dtype)  # pi_old's replayed log-probs: see _old_policy
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
         parts = rl.compute_loss_parts(s.preset.loss, **inputs)
-        for measure in measures:
-            measure.after_update(rows, inputs)
+        if measures:
+            update = UpdateView(logp=fwd.logp.detach(), clipped=lambda logp, inputs=inputs: rl.compute_clipped_mask(
+                s.preset.loss, **{**inputs, "logp": logp}))
+            for measure in measures:
+                measure.after_update(rows, update)
         loss, metrics = parts.loss, parts.metrics
         if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
             loss = loss + s.router_aux_loss_coef * fwd.aux_loss
@@ -431,22 +439,26 @@ def run_step(
         raise ValueError("a measurement budget sampling groups (measure_fraction < 1) runs in one process only "
                          "(nproc 1); measure_every works with any nproc")
     old = _old_policy(model, batch, chunks, s, ref_model)
-    measures = step_measurements(s, batch, old.logp.dtype)
+    mask = batch.response_mask  # [B, T]
+    measures = step_measurements(measure_setup(s), tuple(mask.shape), old.logp.dtype, mask.device)
+    if world.distributed and any(m.keys for m in measures):
+        raise ValueError(f"{[type(m).__name__ for m in measures if m.keys]} report metrics of their own, which one "
+                         "process would compute over its rows only: run them with nproc 1")
+    forwards = TrainForwards(model, batch, chunks, s)
     for measure in measures:
-        measure.before_updates(model, batch, chunks, measured)
+        measure.before_updates(forwards, measured)
     t1 = time.perf_counter()
     up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured, measures)
     t_update = time.perf_counter() - t1
     for measure in measures:
-        measure.after_step(model, batch, chunks, measured)
+        measure.after_step(forwards, measured)
     free_old = {} if old.free is None else {"logp_old_free": old.free.logp, "routes_old_free": old.free.routes,
                                             "entropy": old.free.entropy}  # else FreeOldPolicy fills them
-    sampled_columns = frozenset() if measured is None else frozenset().union(*(m.columns for m in measures))
     tensors = StepTensors(
         batch=batch, examples=examples, rewards=rewards, correct=correct, advantages=advantages, minibatch=up.minibatch,
         logp_old=old.logp, logp_update=up.logp, clipped=up.clipped, routes_old=old.routes, routes_update=up.routes,
         **free_old, **{k: v for measure in measures for k, v in measure.filled().items()},
-        measured=measured, sampled=sampled_columns,
+        measured=measured, sampled=sampled_columns(measures, measured),
     )
     per_minibatch, sampling = up.loss_metrics, sampled.metrics
     if world.distributed:
@@ -455,7 +467,7 @@ def run_step(
         if tensors is None:  # not rank 0: rank 0 computes the step's metrics, every rank gets them
             return world.broadcast(None), local
     measured = {keys.TIME_STEP: time.perf_counter() - t0, keys.TIME_ROLLOUT: t_rollout, keys.TIME_UPDATE: t_update,
-                **sampling, keys.MINIBATCHES: len(chunks)}
+                **sampling, keys.MINIBATCHES: len(chunks), **measured_metrics(measures)}
     metrics = step_metrics(tensors, replay=s.replay, updates=Updates(up.losses, up.grad_norms, per_minibatch),
                            measured=measured)
     return world.broadcast(metrics), tensors

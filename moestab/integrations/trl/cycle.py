@@ -19,9 +19,9 @@ import torch
 from moestab.integrations.trl.capture import GenerationCall, ScoringCall
 from moestab.integrations.trl.settings import ClipRule, CycleLayout
 from moestab.recording.batch import RolloutBatch
+from moestab.recording.measurements import Measurement, sampled_columns
 from moestab.recording.step_tensors import StepTensors
 from moestab.routing import RecordingError, Routes
-from moestab.run_folder import schema
 from moestab.tasks import Example
 
 
@@ -33,9 +33,6 @@ class LossStep:
     """TRL's micro-batch: ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ``advantages``
     and, when TRL computed pi_old, ``old_per_token_logps``."""
     call: ScoringCall
-    counterfactual: torch.Tensor | None = None
-    """``[b, L - 1]`` TRL's ``log_probs`` of the same call on the same weights with pi_old's routes replayed
-    (``RecordSettings.routing_share``; :func:`pi_old_routes`), or None when not measured."""
 
 
 @dataclass
@@ -61,25 +58,32 @@ def _keys(ids: torch.Tensor) -> list[bytes]:
     return [row.tobytes() for row in rows]
 
 
-def match_rows(pool: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """For each row of each part ``[b, L]``, the row of ``pool`` ``[N, L]`` holding the same tokens.
+class RowMatcher:
+    """Rows of ``pool`` ``[N, L]`` matched to the rows of parts given one at a time, by their tokens: each pool row is
+    used once, identical rows are assigned in order."""
 
-    Each pool row is used once; identical rows are assigned in order. Raises ``RecordingError`` when a row has no
-    match left (the parts are not a re-ordering of ``pool``'s rows).
-    """
-    free: dict[bytes, deque[int]] = defaultdict(deque)
-    for index, key in enumerate(_keys(pool)):
-        free[key].append(index)
-    out = []
-    for part in parts:
+    def __init__(self, pool: torch.Tensor) -> None:
+        self._free: dict[bytes, deque[int]] = defaultdict(deque)
+        for index, key in enumerate(_keys(pool)):
+            self._free[key].append(index)
+
+    def match(self, part: torch.Tensor) -> torch.Tensor:
+        """``[b]`` the pool rows of ``part``'s rows ``[b, L]``; ``RecordingError`` when a row has no match left (the
+        parts are not a re-ordering of ``pool``'s rows)."""
         rows = []
         for key in _keys(part):
-            if not free[key]:
+            if not self._free[key]:
                 raise RecordingError("a trained sequence matches no generated one: TRL's micro-batches are not a "
                                      "re-ordering of its last generation batch")
-            rows.append(free[key].popleft())
-        out.append(torch.tensor(rows, dtype=torch.long))
-    return out
+            rows.append(self._free[key].popleft())
+        return torch.tensor(rows, dtype=torch.long)
+
+
+def match_rows(pool: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """For each row of each part ``[b, L]``, the row of ``pool`` ``[N, L]`` holding the same tokens
+    (:class:`RowMatcher`, in the parts' order)."""
+    matcher = RowMatcher(pool)
+    return [matcher.match(part) for part in parts]
 
 
 def _inverse(rows: Sequence[torch.Tensor], n: int) -> torch.Tensor:
@@ -155,8 +159,8 @@ class _Policy:
     entropy: torch.Tensor  # [N, C]
 
 
-def _policy(calls: Sequence[ScoringCall], rows: Sequence[torch.Tensor], n: int, prompt_len: int, *,
-            partial: bool = False) -> _Policy:
+def scored_policy(calls: Sequence[ScoringCall], rows: Sequence[torch.Tensor], n: int, prompt_len: int, *,
+                  partial: bool = False) -> _Policy:
     """``calls`` (chunks of the batch; ``rows``: each chunk's generation rows) as one batch in generation order.
     ``partial``: the chunks cover only some rows; the others get NaN log-probs and entropies and no routes (-1)."""
     length = calls[0].input_ids.shape[1] - 1  # TRL feeds the last completion token too: it predicts nothing
@@ -170,17 +174,20 @@ def _policy(calls: Sequence[ScoringCall], rows: Sequence[torch.Tensor], n: int, 
                    entropy=gather_rows(entropy, rows, n))
 
 
-def _trained_rows(final: Sequence[tuple[int, LossStep]], pool: torch.Tensor, prompt_len: int) -> list[torch.Tensor]:
-    """Generation rows of each micro-batch of the last pass, matched by their tokens."""
+def trained_ids(step: LossStep, pool: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """``[b, L]`` the sequences a micro-batch trained on, as ``pool`` ``[N, L]`` holds the generated ones."""
     length = pool.shape[1]
     completion_len = length - prompt_len + 1
-    for _, step in final:
-        shape = (step.inputs["prompt_ids"].shape[1], step.inputs["completion_ids"].shape[1])
-        if shape != (prompt_len, completion_len):
-            raise RecordingError(f"TRL trained on prompts x completions of {shape}, but generated {prompt_len} x "
-                                 f"{completion_len}: moestab cannot align the rollout's routes")
-    trained = [torch.cat([s.inputs["prompt_ids"], s.inputs["completion_ids"]], 1)[:, :length] for _, s in final]
-    return match_rows(pool, trained)
+    shape = (step.inputs["prompt_ids"].shape[1], step.inputs["completion_ids"].shape[1])
+    if shape != (prompt_len, completion_len):
+        raise RecordingError(f"TRL trained on prompts x completions of {shape}, but generated {prompt_len} x "
+                             f"{completion_len}: moestab cannot align the rollout's routes")
+    return torch.cat([step.inputs["prompt_ids"], step.inputs["completion_ids"]], 1)[:, :length].cpu()
+
+
+def trained_rows(final: Sequence[tuple[int, LossStep]], pool: torch.Tensor, prompt_len: int) -> list[torch.Tensor]:
+    """Generation rows of each micro-batch of the last pass, matched by their tokens."""
+    return match_rows(pool, [trained_ids(step, pool, prompt_len) for _, step in final])
 
 
 def _rollout_logp(gen: GenerationCall, completion: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -189,27 +196,43 @@ def _rollout_logp(gen: GenerationCall, completion: torch.Tensor, mask: torch.Ten
     return torch.cat([gen.fed_logp.cpu(), last], dim=1).masked_fill(~mask, 0.0)  # [N, C]
 
 
+def old_rows(cycle: CycleRecord, layout: CycleLayout, trained: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Generation rows of each of :func:`pi_old_calls`: TRL's pi_old forward scores the batch in generation order;
+    without it pi_old's calls are the last pass's loss forwards, whose rows are ``trained``."""
+    if not layout.old_forward:
+        return list(trained)
+    return in_order([c.input_ids.shape[0] for c in pi_old_calls(cycle, layout)])
+
+
+def measured_rows(cycle: CycleRecord, layout: CycleLayout, rows: Sequence[torch.Tensor],
+                  picked: Sequence[int]) -> torch.Tensor | None:
+    """``[N]`` bool: the rows of pi_old's calls number ``picked`` (``rows``: each call's), or None when every call
+    is picked."""
+    if len(picked) == len(rows):
+        return None
+    measured = torch.zeros(cycle.generation.prompt_ids.shape[0], dtype=torch.bool)  # [N]
+    measured[torch.cat([rows[i] for i in picked])] = True
+    return measured
+
+
 def assemble(
     cycle: CycleRecord,
-    new_calls: Sequence[ScoringCall],
-    new_chunks: Sequence[int],
+    measures: Sequence[Measurement],
+    measured: torch.Tensor | None,
     *,
     layout: CycleLayout,
     clip: ClipRule,
     group_size: int,
     decode: Callable[[torch.Tensor], list[str]],
-    routing_share: bool = False,
 ) -> StepTensors:
-    """The cycle's ``StepTensors``. ``new_calls`` are pi_new's forwards, run after the cycle's last optimizer step on
-    exactly the inputs of :func:`pi_old_calls` number ``new_chunks`` (sorted), in order: all of them, or some (the
-    sequences of the others then have no pi_new: routes -1, log-probs NaN, and ``StepTensors.measured`` says so).
-    ``routing_share``: the last pass's loss steps carry their counterfactual log-probs (``LossStep.counterfactual``),
-    or TRL computed no pi_old and the update is its own."""
+    """The cycle's ``StepTensors``, with what the step's measurements (:mod:`moestab.recording.measurements`) filled,
+    run by the trainer on the ``measured`` rows ``[N]`` (None: every row; the others have no pi_new: routes -1,
+    log-probs NaN, and ``StepTensors.measured`` says so)."""
     gen = cycle.generation
     pool = rollout_ids(gen).cpu()  # [N, L]
     n, prompt_len = gen.prompt_ids.shape
     final = last_pass(cycle.steps, layout)
-    rows = _trained_rows(final, pool, prompt_len)
+    rows = trained_rows(final, pool, prompt_len)
 
     def batch_col(name: str) -> torch.Tensor:  # a column of TRL's micro-batches, in generation order
         return gather_rows([step.inputs[name] for _, step in final], rows, n)
@@ -221,32 +244,17 @@ def assemble(
     if advantages.dim() != 1:
         raise RecordingError(f"advantages of shape {tuple(advantages.shape)}: moestab records one per sequence")
     optimizer_step = [torch.full((len(r),), i // layout.grad_accum) for (i, _), r in zip(final, rows, strict=True)]
-    update = _policy([step.call for _, step in final], rows, n, prompt_len)
+    update = scored_policy([step.call for _, step in final], rows, n, prompt_len)
 
     old_calls = pi_old_calls(cycle, layout)
-    old_rows = _in_order([c.input_ids.shape[0] for c in old_calls]) if layout.old_forward else rows
-    old = _policy(old_calls, old_rows, n, prompt_len)
+    old = scored_policy(old_calls, old_rows(cycle, layout, rows), n, prompt_len)
     if layout.old_forward:
         if not torch.equal(torch.cat([c.input_ids[:, : pool.shape[1]].cpu() for c in old_calls]), pool):
             raise RecordingError("TRL's pi_old forward did not score the generated sequences in generation order")
         if not torch.equal(batch_col("old_per_token_logps").float(), old.logp):  # what TRL's ratio used
             raise RecordingError("TRL's old_per_token_logps differ from its pi_old forward's log-probs")
     # else TRL's ratio is exactly 1 (old_per_token_logps is the loss forward's own, detached): old == update.
-    if not 0 < len(new_calls) <= len(old_calls) or len(new_chunks) != len(new_calls):
-        raise RecordingError(f"pi_new ran {len(new_calls)} forwards (chunks {list(new_chunks)}) for pi_old's "
-                             f"{len(old_calls)}")
-    new_rows = [old_rows[i] for i in new_chunks]
-    partial = len(new_calls) < len(old_calls)
-    new = _policy(new_calls, new_rows, n, prompt_len, partial=partial)
-    measured = None
-    if partial:
-        measured = torch.zeros(n, dtype=torch.bool)  # [N]
-        measured[torch.cat(new_rows)] = True
     clipped = clip.mask(update.logp, old.logp, advantages, response_mask)  # [N, C]
-    counterfactual = clipped_counterfactual = None
-    if routing_share:
-        counterfactual = _counterfactual_logp(final, rows, n, prompt_len, update.logp, layout)  # [N, C]
-        clipped_counterfactual = clip.mask(counterfactual, old.logp, advantages, response_mask)  # [N, C]
 
     batch = RolloutBatch(
         input_ids=pool,
@@ -258,7 +266,7 @@ def assemble(
         prompt_len=prompt_len,
         completions=decode(completion),  # TRL pads after the first EOS; decode drops special tokens
     )
-    tensors = StepTensors(
+    return StepTensors(
         batch=batch,
         examples=_examples(pool[:, :prompt_len], group_size, decode),
         rewards=None,  # not in TRL's micro-batches (only the advantages are): no reward/* key, NaN in the tables
@@ -268,31 +276,15 @@ def assemble(
         logp_old=old.logp,
         logp_old_free=old.logp,  # TRL replays no routes: pi_old as used is the free one
         logp_update=update.logp,
-        logp_new=new.logp,
         clipped=clipped,
         routes_old=old.routes.indices,
         routes_old_free=old.routes,
         routes_update=update.routes.indices,
-        routes_new=new.routes,
         entropy=old.entropy,  # [N, C]
-        logp_update_counterfactual=counterfactual,  # TRL's update routes freely: this is the replayed side
-        clipped_counterfactual=clipped_counterfactual,
+        **{k: v for m in measures for k, v in m.filled().items()},  # pi_new; with routing_share, the replayed side
         measured=measured,
-        sampled=frozenset({schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW}) if partial else frozenset(),
+        sampled=sampled_columns(measures, measured),
     )
-    return tensors
-
-
-def _counterfactual_logp(final: Sequence[tuple[int, LossStep]], rows: Sequence[torch.Tensor], n: int,
-                         prompt_len: int, update_logp: torch.Tensor, layout: CycleLayout) -> torch.Tensor:
-    """``[N, C]`` the update weights' log-probs with pi_old's routes replayed, in generation order. Without TRL's
-    pi_old forward, pi_old is the loss forward itself: replaying its routes is that forward, so ``update_logp``."""
-    if not layout.old_forward:
-        return update_logp
-    missing = [i for i, step in final if step.counterfactual is None]
-    if missing:
-        raise RecordingError(f"micro-steps {missing} of the last pass have no counterfactual forward")
-    return gather_rows([step.counterfactual[:, prompt_len - 1 :].float() for _, step in final], rows, n)
 
 
 def pi_old_routes(cycle: CycleRecord, layout: CycleLayout, input_ids: torch.Tensor) -> Routes:
@@ -330,7 +322,7 @@ def pi_old_calls(cycle: CycleRecord, layout: CycleLayout) -> list[ScoringCall]:
     return taken
 
 
-def _in_order(sizes: Sequence[int]) -> list[torch.Tensor]:
+def in_order(sizes: Sequence[int]) -> list[torch.Tensor]:
     """Rows of consecutive chunks of ``sizes`` rows: ``[0..b0), [b0..b0+b1), ...``."""
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [torch.arange(s, s + b) for s, b in zip(starts, sizes, strict=True)]

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +20,29 @@ import trl
 import yaml
 from transformers import TrainerCallback
 
-from moestab.integrations.trl.capture import Captured, ForwardCapture, ScoringCall
-from moestab.integrations.trl.cycle import CycleRecord, LossStep, assemble, pi_old_calls, pi_old_routes
+from moestab.integrations.trl.capture import Captured, ForwardCapture
+from moestab.integrations.trl.cycle import (
+    CycleRecord,
+    LossStep,
+    RowMatcher,
+    assemble,
+    measured_rows,
+    old_rows,
+    rollout_ids,
+    trained_ids,
+)
+from moestab.integrations.trl.forwards import MicroStep, TrlForwards, cuda_devices
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
 from moestab.recording.environment import environment as run_environment
 from moestab.recording.measure_budget import RULE
+from moestab.recording.measurements import Measurement, MeasureSetup, UpdateView, measured_metrics, step_measurements
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.step_tensors import StepTensors
 from moestab.recording.trackers import mean_scalars, scalars
-from moestab.routing import RecordingError, RoutingRecorder, RoutingReplay, find_routers
+from moestab.routing import RecordingError, RoutingRecorder, find_routers
 from moestab.routing.compat import check_generate_recording
 from moestab.run_folder import Remedies, RunFolder, schema
 from moestab.run_folder.run_info import ModelInfo
@@ -55,6 +67,18 @@ logger = logging.getLogger(__name__)
 
 REMEDIES = Remedies(folder="run_dir", overwrite="RecordSettings(..., overwrite=True)", resume=None)
 """How a refusal of the run folder tells a TRL user to go on (the policy is ``moestab train``'s: ``RunFolder``)."""
+
+
+@dataclass
+class _Measuring:
+    """The open cycle's measurements (:mod:`moestab.recording.measurements`) and what they run on."""
+
+    measures: list[Measurement]
+    forwards: TrlForwards
+    pool: torch.Tensor  # [N, L] the generated sequences, as the policy was fed them
+    matcher: RowMatcher  # the last pass's micro-batch rows -> generation rows
+    trained: list[torch.Tensor] = field(default_factory=list)  # [b] generation rows of each last-pass micro-batch
+    measured: torch.Tensor | None = None  # [N] the budget's rows (None: every row), from before_updates on
 
 
 class TrlRecords:
@@ -100,6 +124,7 @@ class TrlRecords:
         self.writer: RunWriter | None = None
         self._stack: ExitStack | None = None
         self._cycle: CycleRecord | None = None
+        self._measuring: _Measuring | None = None  # the open cycle's measurements
         self._inputs: dict[str, Any] | None = None
         self._rng: tuple[torch.Tensor, list[torch.Tensor]] | None = None
         self._expect_inputs = False
@@ -134,7 +159,8 @@ class TrlRecords:
                 self._stop(schema.STATUS_FAILED, exc)
                 raise
             finally:
-                self._cycle, self._stack = None, None  # a cycle cut off by the end of training is not written
+                # a cycle cut off by the end of training is not written
+                self._cycle, self._measuring, self._stack = None, None, None
             if self.writer is not None:
                 self.writer.update(status=schema.STATUS_FINISHED)
 
@@ -177,11 +203,12 @@ class TrlRecords:
         if inputs.get("tool_mask") is not None:
             raise RecordingError("the micro-batch has a tool_mask: completions hold tokens the policy did not sample")
         self._inputs = {key: inputs[key] for key in LOSS_INPUTS if key in inputs}
-        if self.settings.routing_share:  # the generators' state the loss forward starts from (dropout, jitter)
-            self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in _cuda_devices(self.trainer.model)]
+        # the generators' state the loss forward starts from (dropout, jitter): a measurement re-running it draws alike
+        self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices(self.trainer.model)]
 
     def add_micro_step(self, captured: Captured) -> None:
-        """File one recorded ``training_step``: a cycle opens with the one that generated."""
+        """File one recorded ``training_step``: a cycle opens with the one that generated. Its measurements run
+        (:meth:`_measure_micro_step`) before the micro-step's optimizer step."""
         self._expect_inputs = False
         if self._cycle is None:
             if len(captured.generations) != 1:
@@ -189,47 +216,75 @@ class TrlRecords:
                                      "calls, expected 1 (TRL generates once per generation batch)")
             old = [call for call in captured.scoring if not call.grad]
             self._cycle = CycleRecord(captured.generations[0], old, [], self._started)
+            self._measuring = self._open_measures(self._cycle)
         elif captured.generations:
             raise RecordingError("TRL generated inside a cycle: its generation batches no longer line up with the "
                                  "optimizer steps moestab expects")
         losses = [call for call in captured.scoring if call.grad]
-        if self._inputs is None:
+        if self._inputs is None or self._rng is None:
             raise RecordingError("a recorded training step did not pass through compute_loss")
         if len(losses) != 1:
             raise RecordingError(f"a training step ran {len(losses)} forwards with grad, expected TRL's loss forward")
-        self._cycle.steps.append(LossStep(self._inputs, losses[0], self._counterfactual(losses[0])))
+        self._cycle.steps.append(LossStep(self._inputs, losses[0]))
+        self._measure_micro_step(MicroStep(losses[0], self._rng))
         self._inputs, self._rng = None, None
 
-    def _counterfactual(self, call: ScoringCall) -> torch.Tensor | None:
-        """``[b, L - 1]`` TRL's loss forward ``call`` again, on the same weights (the micro-step's backward has run,
-        its optimizer step has not), with pi_old's routes replayed: the replayed side of routing's share of the
-        ratio. Only in the last pass (the one recorded) and when TRL computed pi_old (otherwise pi_old's routes are
-        the loss forward's own: :func:`~moestab.integrations.trl.cycle.assemble` takes the update's log-probs).
+    # ---- the step's measurements (moestab.recording.measurements) in TRL's call order -------------------------
+    def _open_measures(self, cycle: CycleRecord) -> _Measuring:
+        gen = cycle.generation
+        shape = (gen.prompt_ids.shape[0], gen.fed.shape[1] + 1)  # [N, C]: the last sampled token is never fed
+        setup = MeasureSetup(replay="off", routing_share=self.settings.routing_share)  # TRL replays no routes
+        pool = rollout_ids(gen).cpu()  # [N, L]
+        return _Measuring(measures=step_measurements(setup, shape, torch.float32, torch.device("cpu")),
+                          forwards=TrlForwards(self.trainer, cycle, self.layout, self.temperature,
+                                               plain=self.new_recorder, stats=self.recorder),
+                          pool=pool, matcher=RowMatcher(pool))
 
-        No grad, outside the capture (no hook records it), under TRL's autocast, with the random generators set to
-        the state the loss forward started from and restored afterwards: TRL's weights, gradients and random
-        draws are those of a run without it.
-        """
-        layout, cycle = self.layout, self._cycle
-        if not self.settings.routing_share or not layout.old_forward:
-            return None
-        if len(cycle.steps) < layout.micro_steps - layout.micro_per_pass:  # this micro-step's index in the cycle
-            return None  # an earlier pass over the batch, not recorded (cycle.last_pass)
-        if self._rng is None:
-            raise RecordingError("a recorded training step did not pass through compute_loss")
-        model = self.trainer.model
-        routes = pi_old_routes(cycle, layout, call.input_ids)  # [b, L, layers, k]
-        cpu_state, cuda_states = self._rng
-        devices = _cuda_devices(model)
-        with torch.no_grad(), torch.random.fork_rng(devices=devices), self.trainer.accelerator.autocast(), \
-                RoutingReplay(model, routes, verify=False):
-            torch.set_rng_state(cpu_state)
-            for device, state in zip(devices, cuda_states, strict=True):
-                torch.cuda.set_rng_state(state, device)
-            log_probs = getattr(model(**call.kwargs), "log_probs", None)
-        if log_probs is None:
-            raise RecordingError("TRL's fused_lm_head forward returned no log_probs")
-        return log_probs.detach()  # [b, L - 1]
+    def _measure_micro_step(self, micro: MicroStep) -> None:
+        """The measurements' hooks of one micro-step, after its loss forward and backward, before its optimizer step:
+        ``before_updates`` on the first (TRL's pi_old forward then exists) or, when TRL computes no pi_old (one
+        optimizer step per cycle), on the last, once pi_old's calls (the loss forwards) are all known;
+        ``before_update`` / ``after_update`` on each of the last pass, the one recorded (:func:`cycle.last_pass`)."""
+        cycle, layout, m = self._cycle, self.layout, self._measuring
+        index = len(cycle.steps) - 1
+        if layout.old_forward and index == 0:
+            self._before_updates()
+        if index >= layout.micro_steps - layout.micro_per_pass:
+            step = cycle.steps[-1]
+            prompt_len = cycle.generation.prompt_ids.shape[1]
+            rows = m.matcher.match(trained_ids(step, m.pool, prompt_len))  # [b] generation rows
+            m.trained.append(rows)
+            m.forwards.micro_step = micro
+            for measure in m.measures:
+                measure.before_update(m.forwards, rows, torch.arange(len(rows)))
+            update = self._update_view(step)
+            for measure in m.measures:
+                measure.after_update(rows, update)
+            m.forwards.micro_step = None
+        if not layout.old_forward and index == layout.micro_steps - 1:
+            self._before_updates()
+
+    def _before_updates(self) -> None:
+        """The budget's draw of pi_old's calls (a seeded share of them; pi_new re-runs exactly these), then the
+        measurements' ``before_updates`` on pi_old's weights."""
+        cycle, m = self._cycle, self._measuring
+        m.forwards.old_rows = old_rows(cycle, self.layout, m.trained)
+        step = self.trainer.state.global_step // self.layout.optimizer_steps + 1  # before this cycle's first update
+        picked = self.settings.new_chunks(len(m.forwards.old_rows), int(self.trainer.args.seed) + step)
+        m.measured = measured_rows(cycle, self.layout, m.forwards.old_rows, picked)
+        for measure in m.measures:
+            measure.before_updates(m.forwards, m.measured)
+
+    def _update_view(self, step: LossStep) -> UpdateView:
+        """The micro-step's update as a measurement sees it: its log-probs ``[b, C]`` and TRL's clip rule on the
+        micro-batch (pi_old's log-probs are TRL's ``old_per_token_logps``, or the update's own when TRL computes
+        none)."""
+        prompt_len = self._cycle.generation.prompt_ids.shape[1]
+        logp = step.call.log_probs.detach()[:, prompt_len - 1 :].float().cpu()  # [b, C]
+        inputs = {key: value.detach().cpu() for key, value in step.inputs.items()}
+        old = inputs["old_per_token_logps"].float() if self.layout.old_forward else logp  # [b, C]
+        advantages, mask = inputs["advantages"].float(), inputs["completion_mask"].bool()  # [b], [b, C]
+        return UpdateView(logp=logp, clipped=lambda other: self.clip.mask(other, old, advantages, mask))
 
     # ---- the end of a cycle ----------------------------------------------------------------------
     def step_end(self, global_step: int) -> None:
@@ -237,17 +292,16 @@ class TrlRecords:
         cycle = self._cycle
         if cycle is None or len(cycle.steps) < self.layout.micro_steps:
             return
-        self._cycle = None
+        m, self._cycle, self._measuring = self._measuring, None, None
         step = global_step // self.layout.optimizer_steps  # 1-based: the cycle that just ended
-        old_calls = pi_old_calls(cycle, self.layout)
-        picked = self.settings.new_chunks(len(old_calls), int(self.trainer.args.seed) + step)
-        new_calls = self._pi_new([old_calls[i] for i in picked])
+        for measure in m.measures:
+            measure.after_step(m.forwards, m.measured)
         tokenizer = self.trainer.processing_class
-        t = assemble(cycle, new_calls, picked, layout=self.layout, clip=self.clip,
+        t = assemble(cycle, m.measures, m.measured, layout=self.layout, clip=self.clip,
                      group_size=int(self.trainer.args.num_generations),
-                     decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
-                     routing_share=self.settings.routing_share)
-        measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps}
+                     decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
+        measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps,
+                    **measured_metrics(m.measures)}
         metrics = step_metrics(t, replay="off", measured=measured)  # no updates: TRL logs its loss and grad norm
         write_step_tokens(self.writer, step, t, record_fraction=self.settings.record_fraction,
                           seed=int(self.trainer.args.seed) + step, layer_slots=self.layer_slots)
@@ -273,24 +327,6 @@ class TrlRecords:
         message = still.message(step, float(self.trainer.args.learning_rate))
         logger.warning("moestab: %s", message)
         self.writer.add_warning(message)
-
-    def _pi_new(self, calls: list[ScoringCall]) -> list[ScoringCall]:
-        """pi_new: pi_old's forwards again after the cycle's updates, same inputs and chunks, no grad."""
-        model = self.trainer.model
-        with torch.no_grad(), self.trainer.accelerator.autocast(), ForwardCapture(
-            model, self.new_recorder, temperature=self.temperature
-        ) as capture:
-            for call in calls:
-                model(**call.kwargs)
-        return capture.captured().scoring
-
-
-def _cuda_devices(model: torch.nn.Module) -> list[int]:
-    """The CUDA device of ``model``'s parameters, as ``torch.random.fork_rng`` takes it (none on a CPU)."""
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return []
-    return [torch.cuda.current_device() if device.index is None else device.index]
 
 
 class _CycleEnd(TrainerCallback):

@@ -1,0 +1,232 @@
+"""The forwards of an RL step that exist only to measure, each declared once and run by every trainer.
+
+A step trains: rollout -> advantages -> pi_old -> minibatch updates. Three more forwards only measure. Each is a
+class below that says when it applies, what it fills and at which of the step's named points it runs; the trainer
+(``moestab train``'s :mod:`moestab.train.step`, the TRL integration's :mod:`moestab.integrations.trl.trainer`) calls
+every applicable one at those points and hands it a :class:`StepForwards`, the trainer's way of running its policy:
+
+=================  ===================================  =========================  ==================================
+measurement        when (the step's named point)        policy and routing         fills (``StepTensors`` fields)
+=================  ===================================  =========================  ==================================
+``FreeOldPolicy``  ``before_updates``                   pi_old, free               logp_old_free, routes_old_free,
+                                                                                   entropy
+``RoutingShare``   around each update: scored on its    each update's weights,     logp_update_counterfactual,
+                   weights and random state             the other routing than     clipped_counterfactual
+                   (``before_update``), clip-masked     the update's
+                   after its loss (``after_update``)
+``NewPolicy``      ``after_step``                       pi_new, free               logp_new, routes_new
+=================  ===================================  =========================  ==================================
+
+- **When each applies** (:meth:`Measurement.applies`, of a :class:`MeasureSetup`): ``FreeOldPolicy`` when the ratio's
+  pi_old replays routes (R3 / TRR / routing-constant) and no objective reads the free routers' log-probs (otherwise
+  pi_old's free forward is the ratio's own and the trainer runs it); ``RoutingShare`` with ``--routing-share``
+  (TRL: ``RecordSettings(routing_share=True)``); ``NewPolicy`` always.
+- **The measurement budget** (``measured`` rows, :mod:`moestab.recording.measure_budget`) applies to all three: each
+  scores the measured rows only, and the token-table columns it fills (:attr:`Measurement.columns`) are then sampled
+  (``StepTensors.sampled``).
+- **Metrics of its own**: a measurement may also report metrics.jsonl keys (:attr:`Measurement.keys`, rows of
+  :mod:`moestab.metrics.keys` with ``computed=False``) from :meth:`Measurement.metrics`. Adding a measurement is one
+  class here (or in its own module, listed in :data:`MEASUREMENTS`) plus its key rows: both trainers then run it
+  and write what it fills (``tests/train/test_measurement_extension.py``).
+- **Across processes** (``moestab train --nproc``) each forward runs on the process's own rows; rank 0 merges the
+  step's tensors with the rest, so a measurement that only fills tensors needs no sharing of its own. Its own
+  metrics would be one process's: the step refuses a measurement with keys over several processes.
+- **Trainers' call orders.** ``moestab train`` calls ``before_update`` before each minibatch's update forward;
+  TRL's ``training_step`` runs the loss forward and backward in one call, so the TRL integration calls it after
+  them, on the same weights (no optimizer step yet) with the random state the loss forward started from, then
+  ``after_update`` at once; it calls both for the last pass over the generation batch only (the one recorded).
+  ``before_updates`` runs before any optimizer step of the step in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from moestab.routing import Routes
+from moestab.run_folder import schema
+
+
+@dataclass(frozen=True)
+class MeasureSetup:
+    """What decides which measurements a step runs."""
+
+    replay: str
+    """The routing replay of the ratio and updates (``schema.REPLAY_MODES``; TRL: ``"off"``)."""
+    routing_share: bool = False
+    """Score each minibatch once more with the other routing (routing's share of the ratio)."""
+    router_logprobs: bool = False
+    """The objective reads the free routers' log-probs (RSPO): pi_old's free forward is then the ratio's own."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A no-grad forward of the policy over the step's rows, in the step's row order."""
+
+    logp: torch.Tensor  # [B, T] log-prob of each response token (NaN on rows not measured)
+    routes: Routes  # [B, L, layers, k] (-1 on rows not measured)
+    entropy: torch.Tensor | None  # [B, T] token entropy, when asked
+    mask: torch.Tensor  # [B, T] bool: the response tokens scored (none on rows not measured)
+
+
+@dataclass(frozen=True)
+class UpdateView:
+    """One minibatch's update as a measurement sees it after the loss."""
+
+    logp: torch.Tensor
+    """``[b, T]`` the update forward's log-probs, detached."""
+    clipped: Callable[[torch.Tensor], torch.Tensor]
+    """The tokens ``[b, T]`` bool the trainer's loss would clip were the update's log-probs these ``[b, T]``."""
+
+
+class StepForwards(Protocol):
+    """How a trainer runs its policy for a measurement (``moestab train``: :class:`moestab.train.step_forwards.
+    TrainForwards`; TRL: :class:`moestab.integrations.trl.forwards.TrlForwards`). No grad, nothing recorded into the
+    trainer's own records, the random generators left as they were."""
+
+    def free(self, measured: torch.Tensor | None, *, entropy: bool = False, router_stats: bool = False,
+             router_logprobs: bool = False) -> Scored:
+        """The policy as its weights are now, routing freely, over the step's rows (``measured`` ``[B]`` bool: those
+        only; None: every row), in the step's chunks; routes recorded (with the routers' statistics, log-probs when
+        asked)."""
+        ...
+
+    def other_routing(self, rows: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+        """``[b, T]`` the log-probs of minibatch ``rows`` on its update's weights and random state, with the other
+        routing than its update forward's (pi_old's free routes replayed when the update routes freely, free routing
+        when it replays); only rows ``scored`` (indices into ``rows``), NaN on the others."""
+        ...
+
+
+class Measurement:
+    """A measure-only forward of the step (module docstring). The trainer calls every applicable one at its named
+    points; each hook does nothing unless the measurement overrides it. What it filled is its attributes named in
+    :attr:`fills`, what it reports its :meth:`metrics`."""
+
+    fills: ClassVar[tuple[str, ...]] = ()
+    """The ``StepTensors`` fields it fills (attributes of the same names)."""
+    columns: ClassVar[frozenset[str]] = frozenset()
+    """The token-table columns it fills: sampled when the step has a measurement budget."""
+    keys: ClassVar[tuple[str, ...]] = ()
+    """The metrics.jsonl keys it reports (rows of :mod:`moestab.metrics.keys`, ``computed=False``)."""
+
+    def __init__(self, setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+        """``shape``: the step's ``[B, T]`` (rows x response tokens); ``dtype``: its log-prob dtype."""
+        self.setup = setup
+
+    @staticmethod
+    def applies(setup: MeasureSetup) -> bool:
+        raise NotImplementedError
+
+    def before_updates(self, fwd: StepForwards, measured: torch.Tensor | None) -> None:
+        """On pi_old's weights, before any update."""
+
+    def before_update(self, fwd: StepForwards, rows: torch.Tensor, scored: torch.Tensor) -> None:
+        """On minibatch ``rows``' update weights and random state; ``scored`` indexes the rows measured."""
+
+    def after_update(self, rows: torch.Tensor, update: UpdateView) -> None:
+        """After the minibatch's loss, before its optimizer step (``rows`` is empty on a process holding none of the
+        minibatch: it forwarded a stand-in row, which ``update`` holds)."""
+
+    def after_step(self, fwd: StepForwards, measured: torch.Tensor | None) -> None:
+        """On pi_new's weights, after the last update."""
+
+    def filled(self) -> dict[str, Any]:
+        """The ``StepTensors`` fields it filled."""
+        return {name: getattr(self, name) for name in self.fills}
+
+    def metrics(self) -> dict[str, float]:
+        """Its metrics.jsonl values, keys among :attr:`keys`."""
+        return {}
+
+
+class FreeOldPolicy(Measurement):
+    """pi_old's free routes and log-probs when the ratio's pi_old replays routes: how the trainer would have routed."""
+
+    fills = ("logp_old_free", "routes_old_free", "entropy")
+    columns = frozenset({schema.COL_ROUTES_OLD_FREE, schema.COL_LOGP_OLD_FREE})
+
+    @staticmethod
+    def applies(setup: MeasureSetup) -> bool:
+        return schema.REPLAY_ROUTES[setup.replay] == "rollout" and not setup.router_logprobs
+
+    def before_updates(self, fwd, measured) -> None:
+        f = fwd.free(measured, entropy=True, router_stats=True)
+        self.logp_old_free, self.routes_old_free, self.entropy = f.logp, f.routes, f.entropy
+
+
+class RoutingShare(Measurement):
+    """Each minibatch scored once more on its update's weights with the other routing than its update forward's, for
+    routing's share of the ratio (``routing_share/*``, :mod:`moestab.metrics.routing_share`), and the tokens the loss
+    would then have clipped. The trainer's forward leaves its random generators as the update forward finds them, so
+    the run is bit-identical with it off."""
+
+    fills = ("logp_update_counterfactual", "clipped_counterfactual")
+
+    def __init__(self, setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(setup, shape, dtype, device)
+        self.logp_update_counterfactual = torch.zeros(shape, dtype=dtype, device=device)  # [B, T]
+        self.clipped_counterfactual = torch.zeros(shape, dtype=torch.bool, device=device)  # [B, T]
+        self._scored: torch.Tensor | None = None  # [b, T] the current minibatch's, NaN on rows not scored
+
+    @staticmethod
+    def applies(setup: MeasureSetup) -> bool:
+        return setup.routing_share
+
+    def before_update(self, fwd, rows, scored) -> None:
+        self._scored = fwd.other_routing(rows, scored)
+
+    def after_update(self, rows, update) -> None:
+        logp = self._scored
+        unscored = logp.isnan().all(dim=-1)  # [b] rows the measurement budget left out
+        filled = torch.where(unscored[:, None], update.logp, logp)  # [b, T] any finite stand-in
+        clipped = update.clipped(filled) & ~unscored[:, None]
+        if len(rows):
+            # a NaN stand-in row is float32
+            self.logp_update_counterfactual[rows] = logp.to(self.logp_update_counterfactual.dtype)
+            self.clipped_counterfactual[rows] = clipped
+
+
+class NewPolicy(Measurement):
+    """pi_new's free routes and log-probs, after the step's last update: the other side of old->new."""
+
+    fills = ("logp_new", "routes_new")
+    columns = frozenset({schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW})
+
+    @staticmethod
+    def applies(setup: MeasureSetup) -> bool:
+        return True
+
+    def after_step(self, fwd, measured) -> None:
+        f = fwd.free(measured)
+        self.logp_new, self.routes_new = f.logp, f.routes
+
+
+MEASUREMENTS: tuple[type[Measurement], ...] = (FreeOldPolicy, RoutingShare, NewPolicy)
+"""Every declared measurement, in the order the trainers run them at a shared point."""
+
+
+def step_measurements(setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype,
+                      device: torch.device) -> list[Measurement]:
+    """The measurements that apply to a step of ``setup``, in the order they run."""
+    return [cls(setup, shape, dtype, device) for cls in MEASUREMENTS if cls.applies(setup)]
+
+
+def sampled_columns(measures: list[Measurement], measured: torch.Tensor | None) -> frozenset[str]:
+    """The token-table columns the measurement budget sampled (none without a budget)."""
+    return frozenset() if measured is None else frozenset().union(*(m.columns for m in measures))
+
+
+def measured_metrics(measures: list[Measurement]) -> dict[str, float]:
+    """Every measurement's own metrics; ``ValueError`` for a key it does not declare in :attr:`Measurement.keys`."""
+    out: dict[str, float] = {}
+    for m in measures:
+        values = m.metrics()
+        stray = sorted(set(values) - set(m.keys))
+        if stray:
+            raise ValueError(f"{type(m).__name__} reported {stray}, not among its declared keys {list(m.keys)}")
+        out.update(values)
+    return out
