@@ -7,7 +7,7 @@
 # COMMIT's moestab runs from a temporary git worktree (PYTHONPATH puts it before this checkout's editable install),
 # with this checkout's .venv. Each of the PAIRS (default 3) runs COMMIT's bench/bench_train.py, then this checkout's,
 # with BENCH_TRAIN_ARGS (default: --threads 1 --rounds 20 --micro-rounds 3, the issue's 16-prompt setting). Prints
-# each run's step-vs-TRL, R2, R3 and TRR rows; the logs stay in OUT (default runs/ab-<commit>).
+# each run's step-vs-TRL, R2, R3, TRR and routing-share rows; the logs stay in OUT (default runs/ab-<commit>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COMMIT=${1:?usage: bash bench/ab_commit.sh COMMIT [PAIRS] [-- BENCH_TRAIN_ARGS...]}
@@ -26,7 +26,7 @@ trap 'git worktree remove --force "$TREE" >/dev/null 2>&1 || true' EXIT
 git worktree add -q --detach "$TREE" "$COMMIT"
 
 rows() {  # the rows of one log
-  grep -h 'TRL `GRPOTrainer`\|replay `old` (R2)\|replay `rollout` (R3)\|replay `rollout-gates` (TRR)' "$1" \
+  grep -h 'TRL `GRPOTrainer`\|replay `old` (R2)\|replay `rollout` (R3)\|replay `rollout-gates` (TRR)\|`routing_share` vs' "$1" \
     | cut -d'|' -f2-6
 }
 for i in $(seq "$PAIRS"); do
