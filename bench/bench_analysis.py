@@ -8,13 +8,17 @@ Measured:
    by step x minibatch x position bin x layer), on the pairs of ``CASES``: R3-level change (10% of
    decisions with the k-th expert swapped out), GSPO-level change (10% of activated experts differ:
    80% of decisions swap their k-th expert) and a worst case (every decision swapped and reordered);
-2. streaming: ``run_volatility`` over a run folder whose step table (the R3-level pair) is a
-   Parquet file in a temp dir, in a fresh process, with its peak RSS (``resource.getrusage``); one run folder per
-   route-column layout (``--versions``: schema version 2's ``FixedSizeList<int16>``, version 3's ``FixedSizeBinary``),
-   both written by ``RunWriter``, their rounds interleaved so that both see the same machine, with each layout's bytes
-   per router decision of a route column (on disk, from the Parquet footer; in Arrow memory);
-3. with ``--sizes`` (slow, ~3 GiB of memory at the default shape): a whole step table, every column of the run
-   format, in each layout, and its size on disk and in memory, column by column.
+2. streaming: ``run_volatility`` over a run folder whose step table (the R3-level pair, drawn by
+   ``moestab.analysis.synthetic.route_chain``) is a Parquet file in a temp dir, in a fresh process, with its peak RSS
+   (``resource.getrusage``); one run folder per route-column layout (``--versions``: schema version 2's
+   ``FixedSizeList<int16>``, version 3's ``FixedSizeBinary``, version 4's XOR with a reference), all written by
+   ``RunWriter``, their rounds interleaved so that all see the same machine, with each layout's bytes per router
+   decision of a route column (on disk, from the Parquet footer; in Arrow memory);
+3. with ``--sizes`` (slow, ~6 GiB of memory at the default shape): a whole step table, every column of the run
+   format, at the R3-level and GSPO-level change rates of ``CASES`` (``SIZE_RELATIONS``: which route columns equal
+   which), in each layout (``--versions``, default 3 and 4), with the time to encode its route columns and write it,
+   and its size on disk and in memory, column by column; per pair and layout one line
+   ``all route columns: <N> B per token x layer``.
 
 Target (docs/benchmarks.md): >= 50M decisions/s. Run:
     .venv/bin/python bench/bench_analysis.py [--tokens 1000000] [--rounds 3]
@@ -36,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-LAYOUTS = {2: "FixedSizeList<int16>", 3: "FixedSizeBinary"}
+LAYOUTS = {2: "FixedSizeList<int16>", 3: "FixedSizeBinary", 4: "FixedSizeBinary, XOR with a reference, zstd"}
 """Route-column layout of each run-format version (moestab.run_folder.route_columns)."""
 STREAM_MODES = ("run_volatility", "run_volatility, no read-ahead", "decode only")
 """What a streaming child does: the whole analysis (its reader thread one batch ahead, as by default, or none), or
@@ -49,6 +53,16 @@ CASES = (
     ("GSPO-level", 0.8, 0.05, False),  # changed = 10% of activated experts (GSPO §5.3)
     ("worst case", 1.0, 0.0, True),  # every decision changed and reordered: all take the k*k compares
 )
+
+SIZE_RELATIONS = {
+    "R3 run": {"routes_rollout": 0, "routes_old": 0, "routes_old_free": 1, "routes_update": 0, "routes_new": 2},
+    "no replay": {"routes_rollout": 0, "routes_old": 1, "routes_old_free": 1, "routes_update": 2, "routes_new": 3},
+}
+"""Which route set of a chain (``moestab.analysis.synthetic.route_chain``: each set changed from the one before at a
+case's rate) each route column of a ``--sizes`` table holds. R3 run: pi_old and the updates replay the rollout's
+routes (old = update = rollout), pi_old's free routes differ from them, pi_new's from pi_old's; no replay: pi_old's
+routes are its free ones (old = old_free), which differ from the rollout's, the updates' from them, pi_new's from the
+updates'. The first is the one ``all route columns`` is printed for."""
 
 
 def _best(fn, rounds: int) -> tuple[float, float]:
@@ -126,9 +140,9 @@ def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path
     synthetic pair as routes_old_free/new; prints the route columns' Arrow bytes as JSON."""
     import pyarrow as pa
 
-    from moestab.analysis.synthetic import synthetic_routes
+    from moestab.analysis.synthetic import route_chain
     from moestab.run_folder import RunFolder, schema
-    from moestab.run_folder.route_columns import encode_routes, route_layout_for, with_route_layout
+    from moestab.run_folder.route_columns import encode_route_columns, route_layout_for, with_route_layout
     from moestab.run_folder.writer import RunWriter
 
     run = root / f"bench_run_v{version}"
@@ -136,14 +150,15 @@ def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path
     folder.tokens_dir.mkdir(parents=True)
     folder.run_json.write_text(json.dumps(_bench_info(args, version).to_json()))
     keys = _keys(args.tokens)
-    a, b = synthetic_routes(args.tokens, args.layers, args.top_k, args.experts, flip=0.1, reorder=0.05)
+    # Routes as incompressible as a router's (route_chain), which version 4's zstd has to decode
+    a, b = route_chain(args.tokens, args.layers, args.top_k, args.experts, length=2, flip=0.1, reorder=0.05)
     layout = route_layout_for(args.experts, args.layers, args.top_k, schema_version=version)
+    routes, layout = encode_route_columns({schema.COL_ROUTES_OLD_FREE: a, schema.COL_ROUTES_NEW: b}, layout)
     arrays = {
         schema.COL_STEP: pa.array(keys["step"]),
         schema.COL_MINIBATCH: pa.array(keys["minibatch"]),
         schema.COL_POSITION: pa.array(np.arange(args.tokens, dtype=np.int32) % 4000),
-        schema.COL_ROUTES_OLD_FREE: encode_routes(a, layout),
-        schema.COL_ROUTES_NEW: encode_routes(b, layout),
+        **routes,
     }
     table = with_route_layout(pa.table(arrays), layout)
     RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
@@ -265,20 +280,15 @@ def bench_stream(args: argparse.Namespace) -> dict[tuple[int, str], dict]:
         return best
 
 
-def _full_table(args: argparse.Namespace, version: int):
-    """A whole step table of the run format at the bench shape, synthetic values, routes in ``version``'s layout."""
+def _other_columns(args: argparse.Namespace) -> dict:
+    """Every column of a step table but the route columns, synthetic values, at the bench shape."""
     import pyarrow as pa
 
-    from moestab.analysis.synthetic import synthetic_routes
     from moestab.run_folder import schema
-    from moestab.run_folder.route_columns import encode_routes, route_layout_for, with_route_layout
 
     n, layers = args.tokens, args.layers
     rng = np.random.default_rng(2)
     keys = _keys(n)
-    a, b = synthetic_routes(n, layers, args.top_k, args.experts, flip=0.1, reorder=0.05)  # [n, layers, k] each
-    layout = route_layout_for(args.experts, layers, args.top_k, schema_version=version)
-    old, new = encode_routes(a, layout), encode_routes(b, layout)  # pi_old's routes, and one changed set
 
     def per_layer() -> pa.FixedSizeListArray:  # [n] lists of `layers` float32
         return pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * layers, np.float32)), layers)
@@ -287,7 +297,7 @@ def _full_table(args: argparse.Namespace, version: int):
         return pa.array(-rng.exponential(1.0, n).astype(np.float32))
 
     seq = (np.arange(n) // 4000).astype(np.int32)  # 4,000-token responses, as `position` below
-    columns = {
+    return {
         schema.COL_STEP: pa.array(keys["step"]), schema.COL_SEQ: pa.array(seq),
         schema.COL_PROMPT: pa.array(seq // 16), schema.COL_MINIBATCH: pa.array(keys["minibatch"]),
         schema.COL_POSITION: pa.array(np.arange(n, dtype=np.int32) % 4000),
@@ -298,51 +308,112 @@ def _full_table(args: argparse.Namespace, version: int):
                                schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW)},
         schema.COL_LOG_W: pa.array(rng.normal(0, 0.05, n).astype(np.float32)),
         schema.COL_CLIPPED: pa.array(rng.random(n) < 0.01),
-        schema.COL_ROUTES_ROLLOUT: new, schema.COL_ROUTES_OLD: old, schema.COL_ROUTES_OLD_FREE: old,
-        schema.COL_ROUTES_UPDATE: new, schema.COL_ROUTES_NEW: new,
         schema.COL_MARGIN_OLD: per_layer(), schema.COL_CONFIDENCE_OLD: per_layer(),
     }
-    return with_route_layout(pa.table(columns), layout)
 
 
-def sizes_child(root: str, args: argparse.Namespace, version: int) -> None:
-    """Write one whole step table of ``version`` with ``RunWriter``; print its sizes per column as JSON."""
+def sizes_child(root: str, args: argparse.Namespace, version: int, case: str, relations: str) -> None:
+    """Write one whole step table of ``version`` (route columns as ``SIZE_RELATIONS[relations]`` at the change rate of
+    ``case``) with ``RunWriter``; print the time to encode its route columns and to write it, and its sizes per column,
+    as JSON."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from moestab.analysis.synthetic import route_chain
     from moestab.run_folder import RunFolder, schema
+    from moestab.run_folder.reader import iter_token_batches, route_array
+    from moestab.run_folder.route_columns import (
+        encode_route_columns,
+        route_layout,
+        route_layout_for,
+        token_parquet_options,
+        with_route_layout,
+    )
     from moestab.run_folder.writer import RunWriter
 
+    _, flip, reorder, reorder_flipped = next(c for c in CASES if c[0] == case)
+    holds = SIZE_RELATIONS[relations]
+    chain = route_chain(args.tokens, args.layers, args.top_k, args.experts, length=max(holds.values()) + 1, flip=flip,
+                        reorder=reorder, reorder_flipped=reorder_flipped)  # [tokens, layers, k] each
+    others = _other_columns(args)
     run = Path(root) / f"sizes_v{version}"
-    RunFolder(run).tokens_dir.mkdir(parents=True)
-    table = _full_table(args, version)
+    RunFolder(run).tokens_dir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
+    layout = route_layout_for(args.experts, args.layers, args.top_k, schema_version=version)
+    routes, layout = encode_route_columns({c: chain[i] for c, i in holds.items()}, layout)
+    names = list(others)
+    order = [*names[:15], *routes, *names[15:]]  # the run format's column order: route columns before the floats
+    table = with_route_layout(pa.table({c: {**others, **routes}[c] for c in order}), layout)
+    encoded = time.perf_counter() - t
+    del chain, routes
     path = run / schema.tokens_file(1)
+    if args.full_codec is None:
+        RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
+    else:  # what RunWriter writes, the columns stored in full compressed otherwise
+        options = token_parquet_options(table.schema, full=(args.full_codec, None if args.full_codec == "none" else 1))
+        pq.write_table(table, path, row_group_size=args.row_group, **options)
+    written = time.perf_counter() - t
     arrow = {c: table.column(c).nbytes for c in table.column_names}
-    print(json.dumps({"write_s": time.perf_counter() - t, "file": path.stat().st_size,
-                      "disk": _column_disk_bytes(path), "arrow": arrow}))
+    del table
+    t = time.perf_counter()
+    for batch in iter_token_batches(path, schema.ROUTE_COLUMNS):  # every route column decoded to int16
+        for c in schema.ROUTE_COLUMNS:
+            route_array(batch.column(c), args.top_k, route_layout(batch.schema))
+    read = time.perf_counter() - t
+    references = dict(layout.references) if layout is not None else {}
+    print(json.dumps({"encode_s": encoded, "write_s": written, "read_s": read, "file": path.stat().st_size,
+                      "disk": _column_disk_bytes(path), "arrow": arrow, "references": references}))
+    path.unlink()
 
 
 def bench_sizes(args: argparse.Namespace) -> None:
-    """Print, per layout, the bytes of a whole step table on disk and in Arrow memory, by column group."""
+    """Print, per change rate (R3-level, GSPO-level), column relations and layout, the bytes of a whole step table on
+    disk and in Arrow memory, by column group, and the time to encode its route columns and write it."""
     from moestab.run_folder import schema
 
     tokens, decisions = args.tokens, args.tokens * args.layers
     groups = {"route columns (5)": list(schema.ROUTE_COLUMNS),
               "per-layer floats (2)": [schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD]}
+    print(f"  step tables of {tokens:,} tokens, {args.layers} layers, top-{args.top_k} of {args.experts}; route "
+          f"columns: {SIZE_RELATIONS}")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        for version in args.versions:
-            cmd = [sys.executable, __file__, "--sizes-child", tmp, "--version", str(version), *_shape_args(args)]
-            r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-            scalars = [c for c in r["arrow"] if not any(c in cols for cols in groups.values())]
-            print(f"  step table v{version} ({tokens:,} tokens, {args.layers} layers, top-{args.top_k} of "
-                  f"{args.experts}): {r['file'] / 1e9:.3f} GB on disk ({r['file'] / 2**30:.2f} GiB), "
-                  f"{sum(r['arrow'].values()) / 1e9:.3f} GB in Arrow memory; written in {r['write_s']:.1f} s")
-            for name, cols in {**groups, f"one-value columns ({len(scalars)})": scalars}.items():
-                disk, arrow = sum(r["disk"][c] for c in cols), sum(r["arrow"][c] for c in cols)
-                print(f"    {name:<24} disk {disk / 1e9:6.3f} GB  memory {arrow / 1e9:6.3f} GB  "
-                      f"per decision: disk {disk / decisions:6.2f} B  memory {arrow / decisions:6.2f} B")
-            for c in schema.ROUTE_COLUMNS:
-                print(f"    {c:<24} disk {r['disk'][c] / decisions:6.2f} B/decision  "
-                      f"memory {r['arrow'][c] / decisions:6.2f} B/decision")
+        for case in ("R3-level", "GSPO-level"):
+            for relations in SIZE_RELATIONS:
+                for version in args.versions:
+                    cmd = [sys.executable, __file__, "--sizes-child", tmp, "--version", str(version),
+                           "--case", case, "--relations", relations, *_shape_args(args)]
+                    cmd += ["--full-codec", args.full_codec] if args.full_codec else []
+                    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                    r = json.loads(out.splitlines()[-1])
+                    routes = sum(r["disk"][c] for c in schema.ROUTE_COLUMNS) / decisions
+                    timing = (f"encoded and written in {r['write_s']:.2f} s (route columns encoded in "
+                              f"{r['encode_s']:.2f} s); the 5 route columns read back to int16 at "
+                              f"{5 * decisions / r['read_s'] / 1e6:.0f} M decisions/s")
+                    if relations == next(iter(SIZE_RELATIONS)):
+                        codec = f" (columns stored in full: {args.full_codec})" if args.full_codec else ""
+                        print(f"  [{case}] v{version} {LAYOUTS[version]}{codec}: all route columns: {routes:.2f} B "
+                              f"per token x layer; {timing}")
+                    else:
+                        print(f"  [{case}, {relations}] v{version}: the 5 route columns take {routes:.2f} B per token "
+                              f"x layer; {timing}")
+                    if args.verbose:
+                        _print_sizes(r, args, version, groups, decisions)
+
+
+def _print_sizes(r: dict, args: argparse.Namespace, version: int, groups: dict, decisions: int) -> None:
+    from moestab.run_folder import schema
+
+    scalars = [c for c in r["arrow"] if not any(c in cols for cols in groups.values())]
+    print(f"    step table v{version}: {r['file'] / 1e9:.3f} GB on disk ({r['file'] / 2**30:.2f} GiB), "
+          f"{sum(r['arrow'].values()) / 1e9:.3f} GB in Arrow memory")
+    for name, cols in {**groups, f"one-value columns ({len(scalars)})": scalars}.items():
+        disk, arrow = sum(r["disk"][c] for c in cols), sum(r["arrow"][c] for c in cols)
+        print(f"    {name:<24} disk {disk / 1e9:6.3f} GB  memory {arrow / 1e9:6.3f} GB  "
+              f"per decision: disk {disk / decisions:6.2f} B  memory {arrow / decisions:6.2f} B")
+    for c in schema.ROUTE_COLUMNS:
+        reference = r["references"].get(c, "n/a")
+        print(f"    {c:<24} disk {r['disk'][c] / decisions:6.2f} B/decision  "
+              f"memory {r['arrow'][c] / decisions:6.2f} B/decision  reference: {reference}")
 
 
 def main() -> None:
@@ -357,16 +428,25 @@ def main() -> None:
     parser.add_argument("--row-group", type=int, default=65_536, help="Parquet row-group size of the bench file")
     parser.add_argument("--tmp", default=None, help="folder for the temporary Parquet file")
     parser.add_argument("--skip-stream", action="store_true")
-    parser.add_argument("--versions", type=int, nargs="+", default=[2, 3],
-                        help="run-format versions whose route-column layout to stream / size (default: 2 3)")
-    parser.add_argument("--sizes", action="store_true", help="only the step-table sizes, column by column, per layout")
+    parser.add_argument("--versions", type=int, nargs="+", default=None,
+                        help="run-format versions whose route-column layout to stream (default: 2 3 4) or size "
+                             "(default: 3 4)")
+    parser.add_argument("--sizes", action="store_true", help="only the step-table sizes, per change rate and layout")
+    parser.add_argument("--verbose", action="store_true", help="with --sizes: the sizes column by column")
+    parser.add_argument("--full-codec", choices=["zstd", "none", "lz4", "snappy"], default=None,
+                        help="with --sizes: compress version 4's route columns stored in full with this codec instead "
+                             "of the writer's (to compare)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--write-run", help=argparse.SUPPRESS)
     parser.add_argument("--sizes-child", help=argparse.SUPPRESS)
     parser.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--read-ahead", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--version", type=int, default=3, help=argparse.SUPPRESS)
+    parser.add_argument("--case", default="R3-level", help=argparse.SUPPRESS)
+    parser.add_argument("--relations", default=next(iter(SIZE_RELATIONS)), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.versions is None:
+        args.versions = [3, 4] if args.sizes else [2, 3, 4]
     if args.child:
         stream_child(args.child, args.batch_rows, None, args.decode_only, args.read_ahead)
         return
@@ -374,7 +454,7 @@ def main() -> None:
         write_run_folder(Path(args.write_run), args, args.version)
         return
     if args.sizes_child:
-        sizes_child(args.sizes_child, args, args.version)
+        sizes_child(args.sizes_child, args, args.version, args.case, args.relations)
         return
 
     print(

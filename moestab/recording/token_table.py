@@ -8,7 +8,7 @@ import torch
 
 from moestab.recording.step_tensors import StepTensors
 from moestab.run_folder import schema
-from moestab.run_folder.route_columns import encode_routes, route_layout_for, with_route_layout
+from moestab.run_folder.route_columns import encode_route_columns, route_layout_for, with_route_layout
 
 
 def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
@@ -34,9 +34,11 @@ def token_table(
 ) -> pa.Table:
     """One row per response token of the sequences ``rows``; route columns keep ``layer_slots``.
 
-    ``layer_slots`` are positions on the routes' layer axis (not decoder-layer numbers). Route columns are binary
-    (schema version 3, their layout in the table's schema metadata: :mod:`moestab.run_folder.route_columns`);
-    ``schema_version=2`` writes that version's ``FixedSizeList<int16>`` instead, only to compare the two layouts.
+    ``layer_slots`` are positions on the routes' layer axis (not decoder-layer numbers). Route columns are binary,
+    each but the first stored as its XOR with the column it shares most bytes with (schema version 4, their layout
+    and references in the table's schema metadata: :mod:`moestab.run_folder.route_columns`); ``schema_version=3``
+    writes every route column in full and ``schema_version=2`` as ``FixedSizeList<int16>``, only to compare the
+    layouts.
     """
     batch = t.batch
     P = batch.prompt_len
@@ -54,14 +56,22 @@ def token_table(
     top_k = batch.routes.indices.shape[-1]
     layout = route_layout_for(t.routes_old_free.num_experts, len(layer_slots), top_k, schema_version=schema_version)
 
-    def routes(indices: torch.Tensor) -> pa.Array:  # [B, L, layers, k] -> [N] rows of layers' * k ids
+    def routes(indices: torch.Tensor) -> np.ndarray:  # [B, L, layers, k] -> [N, layers', k]
         r = indices[rows][:, P - 1 :][mask][:, layer_slots].to(torch.int16).cpu().numpy()  # [N, layers', k]
-        return encode_routes(r, layout)
+        # Stored ids (uint8: half of int16) as soon as made: the five columns are encoded together.
+        return r if layout is None else layout.stored_ids(r).reshape(r.shape)
 
     def per_layer(values: torch.Tensor) -> pa.FixedSizeListArray:  # [B, L, layers] -> [N] lists of layers'
         v = values[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
         return _fixed_list(v.astype(np.float32), v.shape[1])
 
+    route_columns, layout = encode_route_columns({
+        schema.COL_ROUTES_ROLLOUT: routes(batch.routes.indices),
+        schema.COL_ROUTES_OLD: routes(t.routes_old),
+        schema.COL_ROUTES_OLD_FREE: routes(t.routes_old_free.indices),
+        schema.COL_ROUTES_UPDATE: routes(t.routes_update),
+        schema.COL_ROUTES_NEW: routes(t.routes_new.indices),
+    }, layout)
     group_size = len(batch.completions) // len(t.examples)
     columns = {
         schema.COL_STEP: pa.array(np.full(len(seq), step, np.int32)),
@@ -80,11 +90,7 @@ def token_table(
         schema.COL_LOGP_NEW: pa.array(tok(t.logp_new).astype(np.float32)),
         schema.COL_LOG_W: pa.array(tok(t.log_w).astype(np.float32)),
         schema.COL_CLIPPED: pa.array(tok(t.clipped).astype(bool)),
-        schema.COL_ROUTES_ROLLOUT: routes(batch.routes.indices),
-        schema.COL_ROUTES_OLD: routes(t.routes_old),
-        schema.COL_ROUTES_OLD_FREE: routes(t.routes_old_free.indices),
-        schema.COL_ROUTES_UPDATE: routes(t.routes_update),
-        schema.COL_ROUTES_NEW: routes(t.routes_new.indices),
+        **route_columns,
         schema.COL_MARGIN_OLD: per_layer(t.routes_old_free.margin),
         schema.COL_CONFIDENCE_OLD: per_layer(t.routes_old_free.confidence),
     }

@@ -5,9 +5,14 @@
 - :func:`list_token_files`, :func:`list_checkpoints`  what the run holds, by step
 - :func:`iter_token_batches`, :func:`iter_run_batches`  per-token Parquet streamed by row group, so a
   record larger than memory can be summarised in bounded memory
-- :func:`route_array`, :func:`margin_array`  route and per-layer columns -> numpy (route columns of either layout,
+- :func:`route_array`, :func:`margin_array`  route and per-layer columns -> numpy (route columns of any layout,
   :mod:`moestab.run_folder.route_columns`)
 - :func:`load_tokens`       the scalar per-token columns of a run as one DataFrame (small runs)
+- :func:`read_token_table`  one per-token table (or some of its columns) as an Arrow table, e.g. for DuckDB
+
+Every reader hands out route columns holding their ids: a schema version 4 table's XORed columns are read with their
+reference chains and decoded (:func:`~moestab.run_folder.route_columns.decoded_route_columns`), so the batches and
+tables it gives have version 3's plain binary columns and layout, whatever the file stores.
 
 Errors: :class:`NotARunError` (no run.json), :class:`SchemaVersionError` (a schema this moestab does
 not read), :class:`RunFileError` (the file asked for is missing or corrupt, named). Readers that go
@@ -30,7 +35,7 @@ import pyarrow.parquet as pq
 
 from moestab.run_folder import schema
 from moestab.run_folder.errors import RunFileError, Skipped, skip
-from moestab.run_folder.route_columns import RouteLayout, route_layout
+from moestab.run_folder.route_columns import XOR, RouteLayout, decoded_route_columns, route_layout, stored_columns
 from moestab.run_folder.run_info import RunInfo, read_run_info
 
 __all__ = ["RunInfo", "read_run_info"]  # extended below by the readers' own names
@@ -188,6 +193,36 @@ def default_batch_rows(arrow_schema: pa.Schema, columns: Sequence[str] | None = 
     return max(1024, DEFAULT_BATCH_VALUES // max(width, 1))
 
 
+def _stored(
+    parquet: pq.ParquetFile, path: str | Path, columns: Sequence[str] | None
+) -> tuple[list[str], list[str], bool]:
+    """``(columns, what to read for them, whether to decode what is read)``: ``columns`` (all if ``None``) and, in a
+    schema version 4 table, the reference chains of its route columns, which are decoded
+    (:func:`~moestab.run_folder.route_columns.stored_columns`). Raises :class:`RunFileError` for a missing column
+    or route layout metadata this moestab cannot follow."""
+    names = parquet.schema_arrow.names
+    wanted = list(columns) if columns is not None else names
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise RunFileError(path, f"missing column(s) {missing}; has {names}")
+    if not set(wanted) & set(schema.ROUTE_COLUMNS):
+        return wanted, wanted, False  # no route column: its layout does not matter
+    try:
+        layout = route_layout(parquet.schema_arrow)
+        return wanted, stored_columns(layout, wanted, names), layout is not None and layout.encoding == XOR
+    except ValueError as exc:
+        raise RunFileError(path, f"malformed route layout ({exc})") from exc
+
+
+def _decoded(data: pa.RecordBatch | pa.Table, path: str | Path, columns: Sequence[str]) -> pa.RecordBatch | pa.Table:
+    """``data``'s ``columns``, route columns holding their ids (:func:`_stored` read their chains); a decoding
+    error is a :class:`RunFileError` naming the file."""
+    try:
+        return decoded_route_columns(data, columns)
+    except (ValueError, KeyError) as exc:  # what the table holds does not fit its route layout metadata
+        raise RunFileError(path, f"malformed route column ({exc})") from exc
+
+
 def iter_token_batches(
     path: str | Path, columns: Sequence[str] | None = None, batch_rows: int | None = None
 ) -> Iterator[pa.RecordBatch]:
@@ -195,19 +230,18 @@ def iter_token_batches(
 
     Reads with ``ParquetFile.iter_batches``: only ``columns`` (all if ``None``) are decoded, one
     batch at a time, so memory follows the batch size, not the file size (default
-    :func:`default_batch_rows`). Raises :class:`RunFileError` naming the file if it is corrupt or
-    lacks a requested column (batches already yielded stay valid).
+    :func:`default_batch_rows`, counting the reference columns a version 4 route column is read with). Route columns
+    hold their ids whatever the schema version (module docstring). Raises :class:`RunFileError` naming the file if
+    it is corrupt or lacks a requested column (batches already yielded stay valid).
     """
     if batch_rows is not None and batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
     parquet = open_token_file(path)
-    if columns is not None:
-        missing = [c for c in columns if c not in parquet.schema_arrow.names]
-        if missing:
-            raise RunFileError(path, f"missing column(s) {missing}; has {parquet.schema_arrow.names}")
-    rows = batch_rows or default_batch_rows(parquet.schema_arrow, columns)
+    wanted, read, decode = _stored(parquet, path, columns)
+    rows = batch_rows or default_batch_rows(parquet.schema_arrow, read)
     try:
-        yield from parquet.iter_batches(batch_size=rows, columns=list(columns) if columns else None)
+        for batch in parquet.iter_batches(batch_size=rows, columns=read if columns else None):
+            yield _decoded(batch, path, wanted) if decode else batch
     except (OSError, pa.ArrowException) as exc:
         raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
 
@@ -277,11 +311,12 @@ def _fixed_list_values(column: pa.Array | pa.ChunkedArray, width: int, fill: Any
 def route_array(column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLayout | None = None) -> np.ndarray:
     """A route column as an int16 array ``[rows, layers, top_k]``, -1 where a route was not recorded.
 
-    Either layout: schema version 3's ``FixedSizeBinary`` is decoded with ``layout``, its table's
-    :func:`~moestab.run_folder.route_columns.route_layout` (``route_layout(batch.schema)``); version 2's
-    ``FixedSizeList<int16>[layers * top_k]`` (or plain lists) needs none. Zero-copy when the column is int16
-    without nulls (the normal case of version 2): the array is a read-only view of the Arrow buffer; a uint8
-    column is widened (one copy). Nulls, not part of the format, are read as -1 (not recorded).
+    Any layout: a binary column (schema versions 3 and 4) is decoded with ``layout``, its table's
+    :func:`~moestab.run_folder.route_columns.route_layout` (``route_layout(batch.schema)``) as the readers of this
+    module give it (holding its ids; a version 4 column read by other means may hold XORed bytes: its layout refuses
+    it); version 2's ``FixedSizeList<int16>[layers * top_k]`` (or plain lists) needs none. Zero-copy when the column
+    is int16 without nulls (the normal case of version 2): the array is a read-only view of the Arrow buffer; a
+    uint8 column is widened (one copy). Nulls, not part of the format, are read as -1 (not recorded).
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -313,7 +348,7 @@ def iter_run_routes(
     num_experts: int | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch, dict[str, np.ndarray]]]:
     """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays (:func:`route_array`,
-    either layout: each table is decoded by its own column types and schema metadata).
+    any layout: each table is decoded by its own column types and schema metadata).
 
     Yields ``(step, batch, {column: routes})``. A file whose route column is malformed (a width that
     is not a multiple of ``top_k``, route columns of different widths, a binary column without its layout, or, given
@@ -379,7 +414,7 @@ def _list_width(column: pa.Array | pa.ChunkedArray) -> int:
 
 def scalar_columns(parquet_schema: pa.Schema) -> list[str]:
     """Names of the one-value-a-row columns of a per-token table schema: not the per-layer lists, nor the route
-    columns in either layout (lists, or schema version 3's fixed-size binary)."""
+    columns in any layout (lists, or schema versions 3 and 4's fixed-size binary)."""
     return [f.name for f in parquet_schema
             if not pa.types.is_nested(f.type) and not pa.types.is_fixed_size_binary(f.type)]
 
@@ -406,30 +441,36 @@ def load_tokens(
         try:
             parquet = open_token_file(path)
             names = wanted if wanted is not None else scalar_columns(parquet.schema_arrow)
-            missing = [c for c in names if c not in parquet.schema_arrow.names]
-            if missing:
-                raise RunFileError(path, f"missing column(s) {missing}")
-            tables.append(parquet.read(columns=names))
+            tables.append(_read_table(parquet, path, names))
         except RunFileError as exc:
             skip(skipped, exc)
-        except (OSError, pa.ArrowException) as exc:
-            skip(skipped, RunFileError(path, f"corrupt Parquet data ({exc})"))
     if not tables:
         return pd.DataFrame(columns=wanted or [])
     table = pa.concat_tables(tables, promote_options="default")
     return table.to_pandas()
 
 
-def read_routes(path: str | Path, column: str, top_k: int) -> np.ndarray:
-    """One route column of one per-token table (either layout), whole, as int16 ``[rows, layers, top_k]``."""
-    parquet = open_token_file(path)
-    if column not in parquet.schema_arrow.names:
-        raise RunFileError(path, f"missing column {column!r}")
+def _read_table(parquet: pq.ParquetFile, path: str | Path, columns: Sequence[str] | None) -> pa.Table:
+    wanted, read, decode = _stored(parquet, path, columns)
     try:
-        table = parquet.read(columns=[column])
+        table = parquet.read(columns=read)
     except (OSError, pa.ArrowException) as exc:
         raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
-    return route_array(table.column(column), top_k, route_layout(parquet.schema_arrow))
+    return _decoded(table, path, wanted) if decode else table
+
+
+def read_token_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
+    """One per-token table (``columns`` only, if given), whole, as an Arrow table whose route columns hold their ids
+    (a schema version 4 table's decoded: version 3's binary columns and ``moestab.routes`` layout; version 2's
+    lists as they are). What DuckDB or pandas can query as they would a version 3 file (docs/run-format.md, "Route
+    columns"). Raises :class:`RunFileError` naming the file if it is corrupt or lacks a column."""
+    return _read_table(open_token_file(path), path, columns)
+
+
+def read_routes(path: str | Path, column: str, top_k: int) -> np.ndarray:
+    """One route column of one per-token table (any layout), whole, as int16 ``[rows, layers, top_k]``."""
+    table = read_token_table(path, [column])
+    return route_array(table.column(column), top_k, route_layout(table.schema))
 
 
 def finite_or_none(value: Any) -> float | None:
@@ -457,6 +498,7 @@ __all__ += [
     "metrics_step_problem",
     "open_token_file",
     "read_routes",
+    "read_token_table",
     "route_array",
     "route_layout",
     "scalar_columns",

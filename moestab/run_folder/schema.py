@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import re
 
-SCHEMA_VERSION = 3
-"""Version 3: the per-token tables' route columns are ``FixedSizeBinary`` (uint8 or int16 ids, their layout in the
-table's schema metadata :data:`ROUTES_METADATA_KEY`; :mod:`moestab.run_folder.route_columns`), which Parquet decodes
-~10x faster than version 2's ``FixedSizeList<int16>``. Version 2 (pi_old recorded on both sides: ``*_old`` = as used
-in the ratio, ``*_old_free`` = the trainer's free routing; metric keys name the pair of quantities they compare) is
-still read: readers decode each table by its own column types. Version 1 runs are refused with an error (their
-``routes_old`` and ``mismatch/*`` meant something else under R3)."""
+SCHEMA_VERSION = 4
+"""Version 4: the per-token tables' route columns store what changed: each is ``FixedSizeBinary`` as in version 3, and
+all but the first may hold the bytewise XOR of their ids with a reference column's, zstd-compressed; the references
+are in the table's schema metadata :data:`ROUTES_METADATA_KEY` (:mod:`moestab.run_folder.route_columns`). Version 3
+(route columns ``FixedSizeBinary`` of uint8 or int16 ids, plain and uncompressed, their layout in the same metadata;
+~10x faster to decode than version 2's ``FixedSizeList<int16>``) and version 2 (pi_old recorded on both sides:
+``*_old`` = as used in the ratio, ``*_old_free`` = the trainer's free routing; metric keys name the pair of quantities
+they compare) are still read: readers decode each table by its own column types and metadata. Version 1 runs are
+refused with an error (their ``routes_old`` and ``mismatch/*`` meant something else under R3)."""
 OLDEST_READ_VERSION = 2
 """The oldest ``schema_version`` this moestab reads; a writer that continues such a run (``--resume``) marks it
 :data:`SCHEMA_VERSION`, since the tables it adds have the current layout."""
@@ -118,16 +120,17 @@ COL_LOGP_NEW = "logp_new"  # float32, log-prob after all updates of the step, fr
 COL_LOG_W = "log_w"  # float32, logp_update - logp_old: the token log-ratio that entered the loss
 COL_CLIPPED = "clipped"  # bool, the token's ratio (or its sequence ratio, for sequence-level losses) was clipped
 
-# Route columns: layers * top_k expert ids a row, row-major [layer, slot]. Version 3: FixedSizeBinary of little-endian
-# uint8 (<= 255 experts; 255 = not recorded) or int16 (-1 = not recorded) ids, described by the table's schema
-# metadata ROUTES_METADATA_KEY; version 2: FixedSizeList<int16>, -1 = not recorded. Readers return int16, -1.
+# Route columns: layers * top_k expert ids a row, row-major [layer, slot]. Versions 3 and 4: FixedSizeBinary of
+# little-endian uint8 (<= 255 experts; 255 = not recorded) or int16 (-1 = not recorded) ids, described by the table's
+# schema metadata ROUTES_METADATA_KEY (version 4: a column may hold its ids XOR a reference column's); version 2:
+# FixedSizeList<int16>, -1 = not recorded. Readers return int16, -1.
 COL_ROUTES_ROLLOUT = "routes_rollout"  # experts chosen by the rollout engine
 COL_ROUTES_OLD = "routes_old"  # routes that produced logp_old (= routes_rollout under R3 / TRR)
 COL_ROUTES_OLD_FREE = "routes_old_free"  # trainer's free routes under pi_old
 COL_ROUTES_UPDATE = "routes_update"  # routes that produced logp_update (replayed under R2/R3/TRR)
 COL_ROUTES_NEW = "routes_new"  # trainer's free routes after all updates of the step
 ROUTE_COLUMNS = (COL_ROUTES_ROLLOUT, COL_ROUTES_OLD, COL_ROUTES_OLD_FREE, COL_ROUTES_UPDATE, COL_ROUTES_NEW)
-ROUTES_METADATA_KEY = "moestab.routes"  # schema metadata key: JSON layout of the binary route columns (version 3)
+ROUTES_METADATA_KEY = "moestab.routes"  # schema metadata key: JSON layout of the binary route columns (versions 3, 4)
 # FixedSizeList<float32>[layers]: gap between the k-th and (k+1)-th router score under pi_old (free routing).
 COL_MARGIN_OLD = "margin_old"
 # FixedSizeList<float32>[layers]: routing confidence under pi_old (free): softmax(router logits) mass on the chosen.

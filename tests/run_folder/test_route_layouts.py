@@ -1,5 +1,6 @@
-"""Route columns in both layouts: schema version 3's binary columns by hand, and one step written in version 2's
-``FixedSizeList<int16>`` and in version 3's ``FixedSizeBinary`` read back identically by every reader and analyzer.
+"""Route columns in every layout: schema version 3's binary columns by hand, and one step written in version 2's
+``FixedSizeList<int16>``, version 3's ``FixedSizeBinary`` and version 4's XORs with reference columns read back
+identically by every reader and analyzer (version 4's encoding by hand: tests/run_folder/test_route_xor.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from moestab.routing import Routes
 from moestab.run_folder import RunFolder, schema
 from moestab.run_folder import reader as R
 from moestab.run_folder.route_columns import (
+    XOR,
     RouteLayout,
     list_route_column,
     route_layout,
@@ -65,7 +67,8 @@ def test_int16_route_bytes_by_hand():
 
 
 def test_the_writer_picks_uint8_while_255_is_free_for_not_recorded():
-    assert route_layout_for(128, 48, 8) == RouteLayout("uint8", 48, 8)
+    assert route_layout_for(128, 48, 8) == RouteLayout("uint8", 48, 8, encoding=XOR)  # version 4: XORs
+    assert route_layout_for(128, 48, 8, schema_version=3) == RouteLayout("uint8", 48, 8)  # every column in full
     assert route_layout_for(255, 1, 1).dtype == "uint8"  # ids 0..254, 255 = not recorded
     assert route_layout_for(256, 1, 1).dtype == "int16"  # id 255 exists (DeepSeek-V3's 256 experts)
     assert route_layout_for(32768, 1, 1).dtype == "int16"
@@ -139,7 +142,7 @@ def test_parquet_options_leave_only_binary_route_columns_plain_and_uncompressed(
     assert options["use_dictionary"] == ["step", "routes_new.list.element", "margin_old.list.element"]
 
 
-# ---- one step in both layouts ---------------------------------------------------------------------------------------
+# ---- one step in every layout ---------------------------------------------------------------------------------------
 B, P, T = 4, 2, 3  # sequences (2 prompts x 2), prompt columns, response positions
 LAYERS = (1, 3, 5)  # decoder layers of the routes' layer axis
 SLOTS = [0, 2]  # recorded: decoder layers 1 and 5
@@ -216,34 +219,51 @@ def write_run(path: Path, version: int, steps: dict[int, StepTensors], experts: 
 
 @pytest.fixture(params=[8, 300], ids=["uint8", "int16"])
 def both_layouts(request, tmp_path):
-    """The same two steps written as schema version 2 and version 3 run folders: ``(steps, v2 run, v3 run)``."""
+    """The same two steps written as schema version 2, 3 and 4 run folders: ``(steps, experts, v2 run, v3 run,
+    v4 run)``."""
     experts = request.param
     steps = {1: step_tensors(experts, seed=1), 2: step_tensors(experts, seed=2)}
-    return (steps, experts, write_run(tmp_path / "v2", 2, steps, experts),
-            write_run(tmp_path / "v3", 3, steps, experts))
+    return (steps, experts, *(write_run(tmp_path / f"v{version}", version, steps, experts) for version in (2, 3, 4)))
+
+
+def _chunks(parquet: pq.ParquetFile) -> dict:
+    """The first row group's column chunks by Parquet path."""
+    group = parquet.metadata.row_group(0)
+    return {group.column(i).path_in_schema: group.column(i) for i in range(parquet.metadata.num_columns)}
 
 
 def test_each_version_writes_its_layout(both_layouts):
-    _, experts, v2, v3 = both_layouts
+    _, experts, v2, v3, v4 = both_layouts
     old, new = pq.ParquetFile(v2 / schema.tokens_file(1)), pq.ParquetFile(v3 / schema.tokens_file(1))
+    xor = pq.ParquetFile(v4 / schema.tokens_file(1))
     itemsize = 1 if experts <= 255 else 2
     for column in schema.ROUTE_COLUMNS:
         assert old.schema_arrow.field(column).type == pa.list_(pa.int16(), 2 * K)
-        assert new.schema_arrow.field(column).type == pa.binary(2 * K * itemsize)
+        assert new.schema_arrow.field(column).type == xor.schema_arrow.field(column).type == pa.binary(2 * K * itemsize)
     assert route_layout(old.schema_arrow) is None
     assert route_layout(new.schema_arrow) == RouteLayout("uint8" if itemsize == 1 else "int16", 2, K)
+    layout = route_layout(xor.schema_arrow)
+    assert layout.plain == route_layout(new.schema_arrow) and layout.encoding == XOR
+    references = dict(layout.references)
+    assert list(references) == list(schema.ROUTE_COLUMNS) and references[schema.COL_ROUTES_ROLLOUT] is None
+    assert references[schema.COL_ROUTES_OLD] == schema.COL_ROUTES_ROLLOUT  # 30% of decisions redrawn: a reference
+    assert references[schema.COL_ROUTES_OLD_FREE] == schema.COL_ROUTES_OLD  # the same routes as routes_old
     assert old.schema_arrow.field(schema.COL_MARGIN_OLD).type == new.schema_arrow.field(schema.COL_MARGIN_OLD).type
-    chunks = {new.metadata.row_group(0).column(i).path_in_schema: new.metadata.row_group(0).column(i)
-              for i in range(new.metadata.num_columns)}
+    chunks = _chunks(new)
     for column in schema.ROUTE_COLUMNS:  # plain and uncompressed: decoded as one copy of the bytes
         assert chunks[column].compression == "UNCOMPRESSED"
         assert not any("DICTIONARY" in e for e in chunks[column].encodings)
     assert chunks[schema.COL_STEP].compression == "SNAPPY"
-    assert read_run_info(v2).schema_version == 2 and read_run_info(v3).schema_version == schema.SCHEMA_VERSION == 3
+    chunks = _chunks(xor)
+    for column in schema.ROUTE_COLUMNS:  # version 4: zstd, whether stored in full or as an XOR
+        assert chunks[column].compression == "ZSTD"
+        assert not any("DICTIONARY" in e for e in chunks[column].encodings)
+    assert chunks[schema.COL_STEP].compression == "SNAPPY"
+    assert [read_run_info(run).schema_version for run in (v2, v3, v4)] == [2, 3, 4] and schema.SCHEMA_VERSION == 4
 
 
-def test_both_layouts_read_back_the_step_tensors_routes(both_layouts):
-    steps, _, v2, v3 = both_layouts
+def test_every_layout_reads_back_the_step_tensors_routes(both_layouts):
+    steps, _, v2, v3, v4 = both_layouts
     sources = {schema.COL_ROUTES_ROLLOUT: lambda t: t.batch.routes.indices,
                schema.COL_ROUTES_OLD: lambda t: t.routes_old,
                schema.COL_ROUTES_OLD_FREE: lambda t: t.routes_old_free.indices,
@@ -252,20 +272,21 @@ def test_both_layouts_read_back_the_step_tensors_routes(both_layouts):
     for step, t in steps.items():
         for column, source in sources.items():
             expected = expected_routes(t, source(t))  # [tokens, 2, K]
-            for run in (v2, v3):
+            for run in (v2, v3, v4):
                 got = R.read_routes(run / schema.tokens_file(step), column, K)
                 assert got.dtype == np.int16
                 np.testing.assert_array_equal(got, expected, err_msg=f"{run.name} step {step} {column}")
-    new = R.read_routes(v3 / schema.tokens_file(1), schema.COL_ROUTES_NEW, K)
-    assert (new[-3:] == -1).all() and (new[:-3] >= 0).all()  # sequence 3 (3 tokens, last) was not re-run
-    assert (R.read_routes(v3 / schema.tokens_file(1), schema.COL_ROUTES_ROLLOUT, K)[0, 1] == -1).all()
+    for run in (v3, v4):
+        new = R.read_routes(run / schema.tokens_file(1), schema.COL_ROUTES_NEW, K)
+        assert (new[-3:] == -1).all() and (new[:-3] >= 0).all()  # sequence 3 (3 tokens, last) was not re-run
+        assert (R.read_routes(run / schema.tokens_file(1), schema.COL_ROUTES_ROLLOUT, K)[0, 1] == -1).all()
 
 
-def test_every_reader_gives_the_same_from_both_layouts(both_layouts):
-    _, _, v2, v3 = both_layouts
+def test_every_reader_gives_the_same_from_every_layout(both_layouts):
+    _, _, v2, v3, v4 = both_layouts
     for step in (1, 2):
         per_run = []
-        for run in (v2, v3):
+        for run in (v2, v3, v4):
             path = run / schema.tokens_file(step)
             batches = list(R.iter_token_batches(path, schema.ROUTE_COLUMNS, batch_rows=2))
             assert len(batches) > 2  # several batches, across row groups
@@ -273,73 +294,94 @@ def test_every_reader_gives_the_same_from_both_layouts(both_layouts):
                             for c in schema.ROUTE_COLUMNS})
         for column in schema.ROUTE_COLUMNS:
             np.testing.assert_array_equal(per_run[0][column], per_run[1][column])
+            np.testing.assert_array_equal(per_run[0][column], per_run[2][column])
+    for alone in schema.ROUTE_COLUMNS:  # one column read alone: version 4 pulls in its reference chain
+        one = [np.concatenate([R.route_array(b.column(alone), K, route_layout(b.schema))
+                               for b in R.iter_token_batches(run / schema.tokens_file(1), [alone], batch_rows=2)])
+               for run in (v2, v4)]
+        np.testing.assert_array_equal(*one)
     streamed = [list(R.iter_run_routes(run, schema.ROUTE_COLUMNS, K, [schema.COL_STEP], batch_rows=2))
-                for run in (v2, v3)]
-    assert len(streamed[0]) == len(streamed[1]) > 2
-    for (s2, b2, r2), (s3, b3, r3) in zip(*streamed, strict=True):
-        assert s2 == s3 and b2.column(schema.COL_STEP).equals(b3.column(schema.COL_STEP))
-        for column in schema.ROUTE_COLUMNS:
-            np.testing.assert_array_equal(r2[column], r3[column])
-    old_tokens, new_tokens = R.load_tokens(v2), R.load_tokens(v3)
-    assert not set(schema.ROUTE_COLUMNS) & set(new_tokens.columns)  # route columns are not "scalar" in either
-    pd.testing.assert_frame_equal(old_tokens, new_tokens)
-    for column in (schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD):  # per-layer floats: the same layout in both
-        margins = [R.margin_array(pq.read_table(run / schema.tokens_file(1)).column(column)) for run in (v2, v3)]
-        np.testing.assert_array_equal(*margins)
+                for run in (v2, v3, v4)]
+    assert len(streamed[0]) == len(streamed[1]) == len(streamed[2]) > 2
+    for (s2, b2, r2), *others in zip(*streamed, strict=True):
+        for s, b, r in others:
+            assert s2 == s and b2.column(schema.COL_STEP).equals(b.column(schema.COL_STEP))
+            assert b.column_names == b2.column_names  # the columns asked for, not the chains read with them
+            for column in schema.ROUTE_COLUMNS:
+                np.testing.assert_array_equal(r2[column], r[column])
+    tokens = [R.load_tokens(run) for run in (v2, v3, v4)]
+    assert not set(schema.ROUTE_COLUMNS) & set(tokens[2].columns)  # route columns are not "scalar" in any
+    pd.testing.assert_frame_equal(tokens[0], tokens[1])
+    pd.testing.assert_frame_equal(tokens[0], tokens[2])
+    with_routes = [R.load_tokens(run, [schema.COL_STEP, schema.COL_ROUTES_NEW]) for run in (v3, v4)]
+    pd.testing.assert_frame_equal(*with_routes)  # version 4's column decoded: version 3's bytes
+    for column in (schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD):  # per-layer floats: the same layout in all
+        margins = [R.margin_array(pq.read_table(run / schema.tokens_file(1)).column(column)) for run in (v2, v3, v4)]
+        np.testing.assert_array_equal(margins[0], margins[1])
+        np.testing.assert_array_equal(margins[0], margins[2])
 
 
-def test_every_analysis_gives_the_same_from_both_layouts(both_layouts):
-    _, _, v2, v3 = both_layouts
-    checked = 0
-    for pair in PAIRS:
-        tables = [volatility_table(run_volatility(run, pair, batch_rows=2), by=[*RUN_KEYS, "layer"])
-                  for run in (v2, v3)]
-        pd.testing.assert_frame_equal(*tables)
-        on_this_thread = run_volatility(v3, pair, batch_rows=2, read_ahead=0)  # no read-ahead: the same counts
-        pd.testing.assert_frame_equal(volatility_table(on_this_thread, by=[*RUN_KEYS, "layer"]), tables[1])
-        checked += bool(((tables[1]["changed"] > 0) & (tables[1]["changed"] < 1)).any())
-    assert checked >= 3  # not all 0 == 0 or 1 == 1: the pairs differ on some decisions, not all
-    unrecorded = volatility_table(run_volatility(v3, "old_new"))["unrecorded"].iloc[0]
-    assert unrecorded == 2 * 3 * 2  # 2 steps x sequence 3's 3 tokens x 2 layers without pi_new
-    np.testing.assert_array_equal(run_expert_counts(v2), run_expert_counts(v3))
-    for layer in (0, 1):
-        np.testing.assert_array_equal(run_coactivation(v2, layer, schema.COL_ROUTES_NEW, batch_rows=2),
-                                      run_coactivation(v3, layer, schema.COL_ROUTES_NEW, batch_rows=2))
-    attributions = [run_attribution(run, "update_old", margin_bins=2, batch_rows=2) for run in (v2, v3)]
-    for field in fields(attributions[0]):
-        if field.name != "pair":
-            pd.testing.assert_frame_equal(getattr(attributions[0], field.name), getattr(attributions[1], field.name))
-    pd.testing.assert_frame_equal(step_metrics_from_tokens(v2), step_metrics_from_tokens(v3))
+def test_every_analysis_gives_the_same_from_every_layout(both_layouts):
+    _, _, v2, *newer = both_layouts
+    for run in newer:
+        checked = 0
+        for pair in PAIRS:
+            tables = [volatility_table(run_volatility(r, pair, batch_rows=2), by=[*RUN_KEYS, "layer"])
+                      for r in (v2, run)]
+            pd.testing.assert_frame_equal(*tables)
+            on_this_thread = run_volatility(run, pair, batch_rows=2, read_ahead=0)  # no read-ahead: the same counts
+            pd.testing.assert_frame_equal(volatility_table(on_this_thread, by=[*RUN_KEYS, "layer"]), tables[1])
+            checked += bool(((tables[1]["changed"] > 0) & (tables[1]["changed"] < 1)).any())
+        assert checked >= 3  # not all 0 == 0 or 1 == 1: the pairs differ on some decisions, not all
+        unrecorded = volatility_table(run_volatility(run, "old_new"))["unrecorded"].iloc[0]
+        assert unrecorded == 2 * 3 * 2  # 2 steps x sequence 3's 3 tokens x 2 layers without pi_new
+        np.testing.assert_array_equal(run_expert_counts(v2), run_expert_counts(run))
+        for layer in (0, 1):
+            np.testing.assert_array_equal(run_coactivation(v2, layer, schema.COL_ROUTES_NEW, batch_rows=2),
+                                          run_coactivation(run, layer, schema.COL_ROUTES_NEW, batch_rows=2))
+        attributions = [run_attribution(r, "update_old", margin_bins=2, batch_rows=2) for r in (v2, run)]
+        for field in fields(attributions[0]):
+            if field.name != "pair":
+                pd.testing.assert_frame_equal(getattr(attributions[0], field.name),
+                                              getattr(attributions[1], field.name))
+        pd.testing.assert_frame_equal(step_metrics_from_tokens(v2), step_metrics_from_tokens(run))
 
 
-def test_a_version_2_run_continued_by_this_moestab_is_marked_version_3(both_layouts):
-    _, _, v2, _ = both_layouts
-    RunWriter(v2).update(last_step=3)  # what --resume does first; the tables it adds are binary
-    assert read_run_info(v2).schema_version == schema.SCHEMA_VERSION
+def test_an_older_run_continued_by_this_moestab_is_marked_the_current_version(both_layouts):
+    _, _, v2, v3, _ = both_layouts
+    for run in (v2, v3):
+        RunWriter(run).update(last_step=3)  # what --resume does first; the tables it adds are version 4's
+        assert read_run_info(run).schema_version == schema.SCHEMA_VERSION == 4
 
 
 def test_a_mixed_run_reads_each_table_by_its_own_layout(both_layouts):
-    _, _, v2, v3 = both_layouts
-    (v2 / schema.tokens_file(2)).write_bytes((v3 / schema.tokens_file(2)).read_bytes())  # resumed at step 2
-    tables = [volatility_table(run_volatility(run, "old_new"), by=["step"]) for run in (v2, v3)]
-    pd.testing.assert_frame_equal(*tables)
+    _, _, v2, v3, v4 = both_layouts
+    expected = volatility_table(run_volatility(v2, "old_new"), by=["step"])
+    (v2 / schema.tokens_file(2)).write_bytes((v4 / schema.tokens_file(2)).read_bytes())  # resumed at step 2
+    (v3 / schema.tokens_file(2)).write_bytes((v4 / schema.tokens_file(2)).read_bytes())
+    for run in (v2, v3):
+        pd.testing.assert_frame_equal(volatility_table(run_volatility(run, "old_new"), by=["step"]), expected)
 
 
 def test_the_pandas_recipe_of_the_docs_decodes_the_binary_columns(both_layouts):
-    _, _, v2, v3 = both_layouts
-    path = v3 / schema.tokens_file(1)
+    _, _, v2, v3, v4 = both_layouts
     text = (DOCS / "run-format.md").read_text()
-    (snippet,) = [code for code in re.findall(r"```python\n(.*?)```", text, re.S) if "np.frombuffer" in code]
-    namespace: dict = {}
-    exec(snippet.replace('"RUN/tokens/step_000001.parquet"', repr(str(path))), namespace)  # the doc's code, as is
-    np.testing.assert_array_equal(namespace["routes"], R.read_routes(path, schema.COL_ROUTES_OLD, K))
-    assert list(namespace["tokens"].columns[:3]) == [schema.COL_STEP, schema.COL_SEQ, schema.COL_POSITION]
-    old, new = token_frame(v2 / schema.tokens_file(1)), token_frame(path)  # the tests' helper, the same recipe
-    pd.testing.assert_frame_equal(old.drop(columns=list(schema.ROUTE_COLUMNS)),
-                                  new.drop(columns=list(schema.ROUTE_COLUMNS)))
-    for column in schema.ROUTE_COLUMNS:
-        np.testing.assert_array_equal(np.stack(old[column]), np.stack(new[column]))
-        assert np.stack(new[column]).dtype == np.int16
+    (snippet,) = [code for code in re.findall(r"```python\n(.*?)```", text, re.S) if "read_parquet" in code]
+    chains = []
+    for run in (v3, v4):
+        path = run / schema.tokens_file(1)
+        namespace: dict = {}
+        exec(snippet.replace('"RUN/tokens/step_000001.parquet"', repr(str(path))), namespace)  # the doc's code, as is
+        np.testing.assert_array_equal(namespace["routes"], R.read_routes(path, schema.COL_ROUTES_OLD, K))
+        assert list(namespace["tokens"].columns[:3]) == [schema.COL_STEP, schema.COL_SEQ, schema.COL_POSITION]
+        chains.append(namespace["chain"])
+        old, new = token_frame(v2 / schema.tokens_file(1)), token_frame(path)  # the tests' helper, the same recipe
+        pd.testing.assert_frame_equal(old.drop(columns=list(schema.ROUTE_COLUMNS)),
+                                      new.drop(columns=list(schema.ROUTE_COLUMNS)))
+        for column in schema.ROUTE_COLUMNS:
+            np.testing.assert_array_equal(np.stack(old[column]), np.stack(new[column]))
+            assert np.stack(new[column]).dtype == np.int16
+    assert chains == [[schema.COL_ROUTES_OLD], [schema.COL_ROUTES_OLD, schema.COL_ROUTES_ROLLOUT]]  # v4: XORed
 
 
 def test_list_route_column_is_the_version_2_layout():
@@ -350,22 +392,14 @@ def test_list_route_column_is_the_version_2_layout():
 
 def test_the_duckdb_query_of_the_docs_gives_the_readers_routes(tmp_path):
     duckdb = pytest.importorskip("duckdb")
-    run = write_run(tmp_path / "v3", 3, {1: step_tensors(8, seed=1), 2: step_tensors(8, seed=2)}, 8)
+    run = write_run(tmp_path / "v4", 4, {1: step_tensors(8, seed=1), 2: step_tensors(8, seed=2)}, 8)
+    assert dict(route_layout(pq.read_schema(run / schema.tokens_file(1))).references)[schema.COL_ROUTES_OLD]
     text = (DOCS / "run-format.md").read_text()
-    (sql,) = [code for code in re.findall(r"```sql\n(.*?)```", text, re.S) if "parquet_kv_metadata" in code]
-    sql = (sql.replace("RUN/tokens/step_000001.parquet", str(run / schema.tokens_file(1)))
-           .replace("RUN/tokens/*.parquet", str(run / "tokens" / "*.parquet"))
-           .replace("SET VARIABLE top_k = 8;", f"SET VARIABLE top_k = {K};"))
-    connection = duckdb.connect()
-
-    def code(part: str) -> str:  # the SQL without its comments
-        return "\n".join(line.split("--")[0] for line in part.splitlines()).strip()
-
-    statements = [part for part in sql.split(";") if code(part)]  # a comment after the last ';' is no statement
-    ((layout,),) = connection.sql(statements[0]).fetchall()
-    assert json.loads(layout)["top_k"] == K
-    connection.sql(statements[1])
-    got = connection.sql(statements[2]).df()
+    (snippet,) = [code for code in re.findall(r"```python\n(.*?)```", text, re.S) if "duckdb" in code]
+    namespace: dict = {}
+    exec(snippet.replace('"RUN"', repr(str(run))), namespace)  # the doc's code, as is
+    assert namespace["top_k"] == K and isinstance(namespace["duckdb"], type(duckdb))
+    got = namespace["experts"]
     expected = []
     for step in (1, 2):
         path = run / schema.tokens_file(step)

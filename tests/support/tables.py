@@ -19,15 +19,22 @@ from moestab.run_folder import schema
 def token_frame(path: str | Path) -> pd.DataFrame:
     """One per-token table as a DataFrame whose route cells are flat int16 arrays of ``layers * top_k`` ids, -1
     where not recorded: what pandas gives for a schema version 2 table (``FixedSizeList<int16>``), and what the
-    documented ``numpy.frombuffer`` decoding gives for a version 3 one (binary, its layout in the schema metadata)."""
+    documented ``numpy.frombuffer`` decoding gives for a version 3 or 4 one (binary, its layout in the schema metadata;
+    version 4: each column XORed with its reference chain's)."""
     tokens = pd.read_parquet(path)
     meta = pq.read_schema(path).metadata or {}
     if schema.ROUTES_METADATA_KEY.encode() not in meta:
         return tokens  # version 2: pandas already holds one int16 array a cell
     layout = json.loads(meta[schema.ROUTES_METADATA_KEY.encode()])
+    references = layout.get("references", {})
     dtype = np.dtype(layout["dtype"]).newbyteorder("<")
+    stored = {column: np.frombuffer(b"".join(tokens[column]), dtype).reshape(len(tokens), -1)  # [tokens, layers * k]
+              for column in schema.ROUTE_COLUMNS}
     for column in schema.ROUTE_COLUMNS:
-        ids = np.frombuffer(b"".join(tokens[column]), dtype).reshape(len(tokens), -1)  # [tokens, layers * k]
+        ids, link = stored[column].copy(), column
+        while references.get(link):  # XOR along the chain, to the column stored in full
+            link = references[link]
+            ids ^= stored[link]
         routes = ids.astype(np.int16)
         routes[ids == layout["absent"]] = -1
         tokens[column] = list(routes)
