@@ -31,13 +31,20 @@ from moestab.integrations.trl.cycle import (
     rollout_ids,
     trained_ids,
 )
-from moestab.integrations.trl.forwards import MicroStep, TrlForwards, cuda_devices
+from moestab.integrations.trl.forwards import MicroStep, TrlForwards
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
 from moestab.recording.environment import environment as run_environment
 from moestab.recording.measure_budget import RULE
-from moestab.recording.measurements import Measurement, MeasureSetup, UpdateView, measured_metrics, step_measurements
+from moestab.recording.measurements import (
+    Measurement,
+    MeasureSetup,
+    UpdateView,
+    measured_metrics,
+    rng_devices,
+    step_measurements,
+)
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.step_tensors import StepTensors
@@ -204,7 +211,7 @@ class TrlRecords:
             raise RecordingError("the micro-batch has a tool_mask: completions hold tokens the policy did not sample")
         self._inputs = {key: inputs[key] for key in LOSS_INPUTS if key in inputs}
         # the generators' state the loss forward starts from (dropout, jitter): a measurement re-running it draws alike
-        self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices(self.trainer.model)]
+        self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in rng_devices(self.trainer.model)]
 
     def add_micro_step(self, captured: Captured) -> None:
         """File one recorded ``training_step``: a cycle opens with the one that generated. Its measurements run
@@ -244,7 +251,8 @@ class TrlRecords:
         """The measurements' hooks of one micro-step, after its loss forward and backward, before its optimizer step:
         ``before_updates`` on the first (TRL's pi_old forward then exists) or, when TRL computes no pi_old (one
         optimizer step per cycle), on the last, once pi_old's calls (the loss forwards) are all known;
-        ``before_update`` / ``after_update`` on each of the last pass, the one recorded (:func:`cycle.last_pass`)."""
+        ``before_update`` / ``after_update`` on each of the last pass, the one recorded (:func:`cycle.last_pass`), on
+        the budget's rows once it is drawn (every row before: TRL without its pi_old forward)."""
         cycle, layout, m = self._cycle, self.layout, self._measuring
         index = len(cycle.steps) - 1
         if layout.old_forward and index == 0:
@@ -254,13 +262,16 @@ class TrlRecords:
             prompt_len = cycle.generation.prompt_ids.shape[1]
             rows = m.matcher.match(trained_ids(step, m.pool, prompt_len))  # [b] generation rows
             m.trained.append(rows)
-            m.forwards.micro_step = micro
-            for measure in m.measures:
-                measure.before_update(m.forwards, rows, torch.arange(len(rows)))
-            update = self._update_view(step)
-            for measure in m.measures:
-                measure.after_update(rows, update)
-            m.forwards.micro_step = None
+            watching = [measure for measure in m.measures if measure.watches_updates]
+            if watching:
+                scored = torch.arange(len(rows)) if m.measured is None else torch.nonzero(m.measured[rows]).flatten()
+                m.forwards.micro_step = micro
+                for measure in watching:
+                    measure.before_update(m.forwards, rows, scored)  # [b'] scored: indices into rows
+                update = self._update_view(step)
+                for measure in watching:
+                    measure.after_update(rows, update)
+                m.forwards.micro_step = None
         if not layout.old_forward and index == layout.micro_steps - 1:
             self._before_updates()
 
@@ -297,7 +308,7 @@ class TrlRecords:
         for measure in m.measures:
             measure.after_step(m.forwards, m.measured)
         tokenizer = self.trainer.processing_class
-        t = assemble(cycle, m.measures, m.measured, layout=self.layout, clip=self.clip,
+        t = assemble(cycle, m.trained, m.measures, m.measured, layout=self.layout, clip=self.clip,
                      group_size=int(self.trainer.args.num_generations),
                      decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
         measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps,
