@@ -147,10 +147,9 @@ class Measurement:
         sampled keys are absent on an unmeasured step)."""
         return {}
 
-    @property
-    def watches_updates(self) -> bool:
+    @classmethod
+    def watches_updates(cls) -> bool:
         """Whether it overrides a hook around the updates (the trainer skips building what they read otherwise)."""
-        cls = type(self)
         return cls.before_update is not Measurement.before_update or cls.after_update is not Measurement.after_update
 
 
@@ -225,6 +224,11 @@ def step_measurements(setup: MeasureSetup, shape: tuple[int, int], dtype: torch.
     """The measurements that apply to a step of ``setup`` whose rows x response tokens are ``shape`` ``[B, T]``, in
     the order they run."""
     return [cls(setup, shape, dtype, device) for cls in MEASUREMENTS if cls.applies(setup)]
+
+
+def updates_watched(setup: MeasureSetup) -> bool:
+    """Whether a measurement of a step of ``setup`` runs around the updates (known before the step starts)."""
+    return any(cls.applies(setup) and cls.watches_updates() for cls in MEASUREMENTS)
 
 
 def rng_devices(model: torch.nn.Module) -> list[int]:

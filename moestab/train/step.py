@@ -333,7 +333,7 @@ def _updates(
     old_free_routes = None if old.free is None else old.free.routes  # [B, L, layers, k] R2's replay, or None (R3)
     replay_source = {None: None, "old": old_free_routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
     forwards.old_free_routes = old_free_routes  # routing share's other routing when the updates route freely
-    watching = [measure for measure in measures if measure.watches_updates]
+    watching = [measure for measure in measures if measure.watches_updates()]
     minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]

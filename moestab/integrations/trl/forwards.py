@@ -30,7 +30,8 @@ class MicroStep:
     """The loss forward of the micro-step being measured, and the random state it started from."""
 
     call: ScoringCall
-    rng: tuple[torch.Tensor, list[torch.Tensor]]  # CPU state, each CUDA device's state
+    rng: tuple[torch.Tensor, list[torch.Tensor]] | None  # CPU state, each CUDA device's; None: no measurement
+    # runs around the updates, so none was kept
 
 
 class TrlForwards:
@@ -81,7 +82,7 @@ class TrlForwards:
         the state the loss forward started from and restored afterwards: TRL's weights, gradients and random draws
         are those of a run without it."""
         step = self.micro_step
-        if step is None:
+        if step is None or step.rng is None:
             raise RecordingError("a measurement asked for the update's forward outside a recorded micro-step")
         prompt_len = self.cycle.generation.prompt_ids.shape[1]
         if self.layout.old_forward:

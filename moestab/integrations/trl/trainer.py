@@ -44,6 +44,7 @@ from moestab.recording.measurements import (
     measured_metrics,
     rng_devices,
     step_measurements,
+    updates_watched,
 )
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_records import write_step_metrics, write_step_tokens
@@ -103,6 +104,7 @@ class TrlRecords:
             if getattr(trainer, name, None):
                 raise ValueError(f"moestab cannot record this GRPOTrainer run: {name} is set ({why})")
         self.trainer, self.settings = trainer, settings
+        self.setup = MeasureSetup(replay="off", routing_share=settings.routing_share)  # TRL replays no routes
         self.layout, self.clip = cycle_layout(args), clip_rule(args)
         # The rollout's log-probs are the sampling distribution's: TRL's generation config (generation_kwargs
         # included), which may differ from the temperature its trainer side scores at.
@@ -210,8 +212,8 @@ class TrlRecords:
         if inputs.get("tool_mask") is not None:
             raise RecordingError("the micro-batch has a tool_mask: completions hold tokens the policy did not sample")
         self._inputs = {key: inputs[key] for key in LOSS_INPUTS if key in inputs}
-        # the generators' state the loss forward starts from (dropout, jitter): a measurement re-running it draws alike
-        self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in rng_devices(self.trainer.model)]
+        if updates_watched(self.setup):  # the generators' state the loss forward starts from (dropout, jitter)
+            self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in rng_devices(self.trainer.model)]
 
     def add_micro_step(self, captured: Captured) -> None:
         """File one recorded ``training_step``: a cycle opens with the one that generated. Its measurements run
@@ -228,7 +230,7 @@ class TrlRecords:
             raise RecordingError("TRL generated inside a cycle: its generation batches no longer line up with the "
                                  "optimizer steps moestab expects")
         losses = [call for call in captured.scoring if call.grad]
-        if self._inputs is None or self._rng is None:
+        if self._inputs is None:
             raise RecordingError("a recorded training step did not pass through compute_loss")
         if len(losses) != 1:
             raise RecordingError(f"a training step ran {len(losses)} forwards with grad, expected TRL's loss forward")
@@ -240,9 +242,8 @@ class TrlRecords:
     def _open_measures(self, cycle: CycleRecord) -> _Measuring:
         gen = cycle.generation
         shape = (gen.prompt_ids.shape[0], gen.fed.shape[1] + 1)  # [N, C]: the last sampled token is never fed
-        setup = MeasureSetup(replay="off", routing_share=self.settings.routing_share)  # TRL replays no routes
         pool = rollout_ids(gen).cpu()  # [N, L]
-        return _Measuring(measures=step_measurements(setup, shape, torch.float32, torch.device("cpu")),
+        return _Measuring(measures=step_measurements(self.setup, shape, torch.float32, torch.device("cpu")),
                           forwards=TrlForwards(self.trainer, cycle, self.layout, self.temperature,
                                                plain=self.new_recorder, stats=self.recorder),
                           pool=pool, matcher=RowMatcher(pool))
@@ -262,7 +263,7 @@ class TrlRecords:
             prompt_len = cycle.generation.prompt_ids.shape[1]
             rows = m.matcher.match(trained_ids(step, m.pool, prompt_len))  # [b] generation rows
             m.trained.append(rows)
-            watching = [measure for measure in m.measures if measure.watches_updates]
+            watching = [measure for measure in m.measures if measure.watches_updates()]
             if watching:
                 scored = torch.arange(len(rows)) if m.measured is None else torch.nonzero(m.measured[rows]).flatten()
                 m.forwards.micro_step = micro
