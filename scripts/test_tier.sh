@@ -61,7 +61,7 @@ if [ "$tier" = verl ]; then
     fi
   done
   "$venv/bin/python" -m pytest -m "not slow" -q -p no:cacheprovider -rs \
-    tests/integrations tests/recording tests/routing tests/test_extras.py "$@"
+    tests/integrations tests/routes_in tests/recording tests/routing tests/test_extras.py "$@"
   exit 0
 fi
 pip_install --upgrade -c "$pins" -e ".[dev]"

@@ -124,3 +124,17 @@ def test_same_run_holds_nan_equal_to_nan_and_nothing_else():
     assert not same_column(pa.chunked_array([[nan, 1.5]]), pa.chunked_array([[nan, 1.25]]))
     assert not same_column(pa.chunked_array([[nan, None]]), pa.chunked_array([[nan, 0.0]]))  # a null is not a 0
     assert not same_column(pa.chunked_array([[1, 2]]), pa.chunked_array([[1, 3]]))
+
+
+def test_the_verl_tier_runs_every_test_that_needs_verl():
+    """CI's verl tier names its test folders by hand; a test needing verl moved elsewhere (as the importers' tests did
+    into tests/routes_in) would skip in every environment without anyone seeing it."""
+    tier = (ROOT / "scripts" / "test_tier.sh").read_text()
+    command = tier[tier.index('-m "not slow"', tier.index('if [ "$tier" = verl ]')):].split("\n", 2)[:2]
+    paths = [part for line in command for part in line.split() if part.startswith("tests")]
+    assert paths and all((ROOT / p).exists() for p in paths), paths
+    needing = [p.relative_to(ROOT) for p in (ROOT / "tests").rglob("test_*.py")
+               if p != Path(__file__) and 'find_spec("verl") is None' in p.read_text()]
+    assert needing
+    for test in needing:
+        assert any(test.as_posix().startswith(p) for p in paths), (test, paths)

@@ -23,7 +23,9 @@ measurement        when (the step's named point)        policy and routing      
   (TRL: ``RecordSettings(routing_share=True)``); ``NewPolicy`` always.
 - **The measurement budget** (``measured`` rows, :mod:`moestab.recording.measure_budget`) applies to all three: each
   scores the measured rows only, and the token-table columns it fills (:attr:`Measurement.columns`) are then sampled
-  (``StepTensors.sampled``).
+  (``StepTensors.sampled``). One exception, in TRL without its own pi_old forward: the budget is drawn at the last
+  micro-step, after the update hooks, so routing's share covers every row there (it costs no forward: pi_old's
+  routes are the update's own).
 - **Metrics of its own**: a measurement may also report metrics.jsonl keys (:attr:`Measurement.keys`, rows of
   :mod:`moestab.metrics.keys` with ``computed=False``) from :meth:`Measurement.metrics`. Adding a measurement is one
   class here (or in its own module, listed in :data:`MEASUREMENTS`) plus its key rows: both trainers then run it
@@ -85,7 +87,9 @@ class UpdateView:
 class StepForwards(Protocol):
     """How a trainer runs its policy for a measurement (``moestab train``: :class:`moestab.train.step_forwards.
     TrainForwards`; TRL: :class:`moestab.integrations.trl.forwards.TrlForwards`). No grad, nothing recorded into the
-    trainer's own records, the random generators left as they were."""
+    trainer's own records. :meth:`free` runs as the trainer's own forwards do, in training mode: in a model with
+    dropout or router jitter its draws advance the random generators, as pi_new's always have (the embedded models
+    and the MoE families moestab tests draw none); :meth:`other_routing` restores them."""
 
     def free(self, measured: torch.Tensor | None, *, entropy: bool = False, router_stats: bool = False,
              router_logprobs: bool = False) -> Scored:
@@ -139,8 +143,14 @@ class Measurement:
         return {name: getattr(self, name) for name in self.fills}
 
     def metrics(self) -> dict[str, float]:
-        """Its metrics.jsonl values, keys among :attr:`keys`."""
+        """Its metrics.jsonl values, keys among :attr:`keys`; none on a step that measured no row (the budget's
+        sampled keys are absent on an unmeasured step)."""
         return {}
+
+    @classmethod
+    def watches_updates(cls) -> bool:
+        """Whether it overrides a hook around the updates (the trainer skips building what they read otherwise)."""
+        return cls.before_update is not Measurement.before_update or cls.after_update is not Measurement.after_update
 
 
 class FreeOldPolicy(Measurement):
@@ -177,7 +187,7 @@ class RoutingShare(Measurement):
         return setup.routing_share
 
     def before_update(self, fwd, rows, scored) -> None:
-        self._scored = fwd.other_routing(rows, scored)
+        self._scored = fwd.other_routing(rows, scored)  # [b, T]
 
     def after_update(self, rows, update) -> None:
         logp = self._scored
@@ -211,8 +221,22 @@ MEASUREMENTS: tuple[type[Measurement], ...] = (FreeOldPolicy, RoutingShare, NewP
 
 def step_measurements(setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype,
                       device: torch.device) -> list[Measurement]:
-    """The measurements that apply to a step of ``setup``, in the order they run."""
+    """The measurements that apply to a step of ``setup`` whose rows x response tokens are ``shape`` ``[B, T]``, in
+    the order they run."""
     return [cls(setup, shape, dtype, device) for cls in MEASUREMENTS if cls.applies(setup)]
+
+
+def updates_watched(setup: MeasureSetup) -> bool:
+    """Whether a measurement of a step of ``setup`` runs around the updates (known before the step starts)."""
+    return any(cls.applies(setup) and cls.watches_updates() for cls in MEASUREMENTS)
+
+
+def rng_devices(model: torch.nn.Module) -> list[int]:
+    """The CUDA device of ``model``'s parameters, as ``torch.random.fork_rng`` takes it (none on a CPU)."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return []
+    return [torch.cuda.current_device() if device.index is None else device.index]
 
 
 def sampled_columns(measures: list[Measurement], measured: torch.Tensor | None) -> frozenset[str]:

@@ -254,12 +254,13 @@ def _whole_step_parts(world: World, kept: list[tuple[int, _Part]], spare: list[t
 @torch.no_grad()
 def _old_policy(
     model: PreTrainedModel, batch: RolloutBatch, chunks: list[torch.Tensor], s: StepSettings,
-    ref_model: PreTrainedModel | None,
+    ref_model: PreTrainedModel | None, forwards: TrainForwards,
 ) -> _OldPolicy:
-    """pi_old as the ratio uses it: its free forward (routes recorded, for the records and R2), or under R3 / TRR a
-    forward replaying the rollout engine's routes (TRR: and its gates), whose free twin is a measurement
-    (``measurements.FreeOldPolicy``) unless the objective reads the free routers' log-probs."""
-    free = None if FreeOldPolicy.applies(measure_setup(s)) else TrainForwards(model, batch, chunks, s).free(
+    """pi_old as the ratio uses it: its free forward (routes recorded, for the records and R2; the forward the
+    measurements run too, ``forwards.free``), or under R3 / TRR a forward replaying the rollout engine's routes
+    (TRR: and its gates), whose free twin is a measurement (``measurements.FreeOldPolicy``) unless the objective reads
+    the free routers' log-probs."""
+    free = None if FreeOldPolicy.applies(measure_setup(s)) else forwards.free(
         None, entropy=True, router_stats=True, router_logprobs=needs_router_logprobs(s.preset))
     if schema.REPLAY_ROUTES[s.replay] != "rollout":
         logp, routes, from_first_update = free.logp, free.routes.indices, False
@@ -324,14 +325,15 @@ def _loss_inputs(
 def _updates(
     model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: RolloutBatch, chunks: list[torch.Tensor],
     old: _OldPolicy, advantages: torch.Tensor, s: StepSettings, world: World, measured: torch.Tensor | None,
-    measures: list[Measurement],
+    measures: list[Measurement], forwards: TrainForwards,
 ) -> _Updates:
     """One optimizer step per minibatch, the measurements called around each (``Measurement.before_update`` /
     ``after_update``). The first minibatch of a ``from_first_update`` pi_old takes its pi_old log-probs from its own
     update forward (see :func:`_old_policy`)."""
     old_free_routes = None if old.free is None else old.free.routes  # [B, L, layers, k] R2's replay, or None (R3)
     replay_source = {None: None, "old": old_free_routes, "rollout": batch.routes}[schema.REPLAY_ROUTES[s.replay]]
-    forwards = TrainForwards(model, batch, chunks, s, old_free_routes)
+    forwards.old_free_routes = old_free_routes  # routing share's other routing when the updates route freely
+    watching = [measure for measure in measures if measure.watches_updates()]
     minibatch = torch.empty(batch.batch_size, dtype=torch.long)  # [B]
     logp = torch.zeros_like(old.logp)  # [B, T]
     clipped = torch.zeros_like(batch.response_mask)  # [B, T]
@@ -344,7 +346,7 @@ def _updates(
         # stand-in row whose loss weighs 0.
         held = rows if len(rows) else rows.new_zeros(1)
         scored = torch.arange(len(held)) if measured is None else torch.nonzero(measured[held]).flatten()  # [b']
-        for measure in measures:
+        for measure in watching:
             measure.before_update(forwards, held, scored)
         fwd = policy_forward(
             model, batch.select(held), temperature=s.temperature,
@@ -356,10 +358,10 @@ def _updates(
             old.logp[rows] = fwd.logp.detach().to(old.logp.dtype)  # pi_old's replayed log-probs: see _old_policy
         inputs = _loss_inputs(s, batch, held, fwd, old, advantages)
         parts = rl.compute_loss_parts(s.preset.loss, **inputs)
-        if measures:
+        if watching:
             update = UpdateView(logp=fwd.logp.detach(), clipped=lambda logp, inputs=inputs: rl.compute_clipped_mask(
-                s.preset.loss, **{**inputs, "logp": logp}))
-            for measure in measures:
+                s.preset.loss, **{**inputs, "logp": logp}))  # logp [b, T]
+            for measure in watching:
                 measure.after_update(rows, update)
         loss, metrics = parts.loss, parts.metrics
         if fwd.aux_loss is not None:  # the load-balancing loss users keep on during RL (TRL's router_aux_loss_coef)
@@ -438,17 +440,17 @@ def run_step(
         # on any process) skips them everywhere; a sample of groups would not.
         raise ValueError("a measurement budget sampling groups (measure_fraction < 1) runs in one process only "
                          "(nproc 1); measure_every works with any nproc")
-    old = _old_policy(model, batch, chunks, s, ref_model)
+    forwards = TrainForwards(model, batch, chunks, s)
+    old = _old_policy(model, batch, chunks, s, ref_model, forwards)
     mask = batch.response_mask  # [B, T]
     measures = step_measurements(measure_setup(s), tuple(mask.shape), old.logp.dtype, mask.device)
     if world.distributed and any(m.keys for m in measures):
         raise ValueError(f"{[type(m).__name__ for m in measures if m.keys]} report metrics of their own, which one "
                          "process would compute over its rows only: run them with nproc 1")
-    forwards = TrainForwards(model, batch, chunks, s)
     for measure in measures:
         measure.before_updates(forwards, measured)
     t1 = time.perf_counter()
-    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured, measures)
+    up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured, measures, forwards)
     t_update = time.perf_counter() - t1
     for measure in measures:
         measure.after_step(forwards, measured)

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from moestab import rl
 from moestab.recording.batch import RolloutBatch
-from moestab.recording.measurements import MeasureSetup, Scored
+from moestab.recording.measurements import MeasureSetup, Scored, rng_devices
 from moestab.routing import Routes
 from moestab.run_folder import schema
 from moestab.train.forward import chunked_policy_forward, measured_forward, policy_forward
@@ -51,8 +51,10 @@ class TrainForwards:
         kwargs = dict(temperature=self.settings.temperature, entropy=entropy, router_stats=router_stats,
                       router_logprobs=router_logprobs)
         f = (chunked_policy_forward(self.model, self.batch, self.chunks, **kwargs) if measured is None
-             else measured_forward(self.model, self.batch, self.chunks, measured, **kwargs))
-        mask = self.batch.response_mask if measured is None else self.batch.response_mask & measured[:, None]
+             else measured_forward(self.model, self.batch, self.chunks, measured, **kwargs))  # logp [B, T]
+        mask = self.batch.response_mask  # [B, T]
+        if measured is not None:
+            mask = mask & measured[:, None]
         return Scored(logp=f.logp, routes=f.routes, entropy=f.entropy, mask=mask)
 
     def other_routing(self, rows: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
@@ -60,14 +62,13 @@ class TrainForwards:
         would have drawn without this one (dropout, router jitter)."""
         model, s = self.model, self.settings
         update_is_free = schema.REPLAY_ROUTES[s.replay] is None
-        replay = self.old_free_routes.select(rows) if update_is_free else None  # the other routing
+        replay = self.old_free_routes.select(rows) if update_is_free else None  # [b, L, layers, k] the other routing
         mb = self.batch.select(rows)
         logp = torch.full(mb.response_mask.shape, float("nan"), device=mb.response_mask.device,
                           dtype=next(model.parameters()).dtype)  # [b, T]
         if len(scored):
-            on_cuda = next(model.parameters()).device.type == "cuda"
-            with torch.no_grad(), torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_cuda else []):
+            with torch.no_grad(), torch.random.fork_rng(devices=rng_devices(model)):
                 out = policy_forward(model, mb.select(scored), temperature=s.temperature,
-                                     replay=None if replay is None else replay.select(scored), record=False).logp
-            logp[scored] = out.to(logp.device, logp.dtype)
+                                     replay=None if replay is None else replay.select(scored), record=False)
+            logp[scored] = out.logp.to(logp.device, logp.dtype)  # [b', T] the scored rows
         return logp

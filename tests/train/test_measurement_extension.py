@@ -2,12 +2,16 @@
 
 The measurement added here scores pi_new once more (its own forward, at the step's ``after_step``) and reports the
 mean log-prob of the response tokens it scored. Its value is checked against a second path: the ``logp_new`` column
-that the built-in ``NewPolicy`` measurement writes to the same step's token table, from its own forward.
+that the built-in ``NewPolicy`` measurement writes to the same step's token table, from its own forward. A second
+one logs the hooks each trainer calls, in order, with their rows: TRL's call order moves ``before_updates`` to the
+last micro-step when TRL computes no pi_old forward (``gradient_accumulation_steps`` covering the generation batch).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import ClassVar
 
 import pytest
 import torch
@@ -36,10 +40,33 @@ class PiNewLogpMean(measurements.Measurement):
 
     def after_step(self, fwd, measured) -> None:
         scored = fwd.free(measured)
-        self.value = float(scored.logp[scored.mask].mean())
+        self.value = float(scored.logp[scored.mask].mean()) if bool(scored.mask.any()) else None
 
     def metrics(self) -> dict[str, float]:
-        return {KEY: self.value}
+        return {} if self.value is None else {KEY: self.value}
+
+
+class HookLog(measurements.Measurement):
+    """Each hook the trainer calls, with the rows it passes (kept on the class: the trainer builds one a step)."""
+
+    calls: ClassVar[list[tuple[str, list[int]]]]  # set by the `added` fixture
+
+    @staticmethod
+    def applies(setup: measurements.MeasureSetup) -> bool:
+        return True
+
+    def before_updates(self, fwd, measured) -> None:
+        HookLog.calls.append(("before_updates", []))
+
+    def before_update(self, fwd, rows, scored) -> None:
+        HookLog.calls.append(("before_update", rows.tolist()))
+
+    def after_update(self, rows, update) -> None:
+        assert update.clipped(update.logp).shape == update.logp.shape
+        HookLog.calls.append(("after_update", rows.tolist()))
+
+    def after_step(self, fwd, measured) -> None:
+        HookLog.calls.append(("after_step", []))
 
 
 @pytest.fixture
@@ -48,7 +75,17 @@ def added(monkeypatch):
     row = keys.MetricKey(KEY, keys.FLOAT, f"{__name__}.PiNewLogpMean", "pi_new's mean response log-prob", "progress",
                          computed=False)
     monkeypatch.setattr(keys, "KEYS", {**keys.KEYS, KEY: row})
-    monkeypatch.setattr(measurements, "MEASUREMENTS", (*measurements.MEASUREMENTS, PiNewLogpMean))
+    monkeypatch.setattr(measurements, "MEASUREMENTS", (*measurements.MEASUREMENTS, PiNewLogpMean, HookLog))
+    monkeypatch.setattr(HookLog, "calls", [], raising=False)
+
+
+def _updates_then(calls: list[tuple[str, list[int]]], minibatches: int, rows: int) -> list[str]:
+    """The hook names in order; checks that the update hooks come in before/after pairs, each pair on one
+    minibatch's rows, the minibatches covering every row once."""
+    pairs = [(a, b) for a, b in itertools.pairwise(calls) if a[0] == "before_update"]
+    assert len(pairs) == minibatches and all(b[0] == "after_update" and a[1] == b[1] for a, b in pairs)
+    assert sorted(r for a, _ in pairs for r in a[1]) == list(range(rows))
+    return [name for name, _ in calls]
 
 
 def _check(run) -> None:
@@ -62,12 +99,21 @@ def _check(run) -> None:
 
 
 def test_moestab_train_runs_an_added_measurement(added, tmp_path, cache_dir):
-    config = tiny_config(tmp_path / "run", cache_dir, steps=1)
+    config = tiny_config(tmp_path / "run", cache_dir, steps=1)  # 4 prompts x 4, 2 minibatches
     train(config)
     _check(tmp_path / "run")
+    names = _updates_then(HookLog.calls, minibatches=2, rows=16)
+    assert names == ["before_updates"] + ["before_update", "after_update"] * 2 + ["after_step"]
 
 
-def test_the_trl_integration_runs_an_added_measurement(added, tmp_path):
+def test_an_unmeasured_step_writes_none_of_a_measurement_s_keys(added, tmp_path, cache_dir):
+    train(tiny_config(tmp_path / "run", cache_dir, steps=2, measure_every=2))  # step 2 measures no row
+    metrics = load_metrics(tmp_path / "run").set_index("step")
+    assert math.isfinite(metrics.loc[1, KEY]) and math.isnan(metrics.loc[2, KEY])
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])  # 2: one optimizer step per generation batch, no pi_old forward
+def test_the_trl_integration_runs_an_added_measurement(added, tmp_path, accumulation):
     pytest.importorskip("trl")
     from datasets import Dataset  # TRL's own dependency
 
@@ -79,10 +125,17 @@ def test_the_trl_integration_runs_an_added_measurement(added, tmp_path):
     model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
     trainer = MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward,
                                  train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-                                 args=grpo_args(tmp_path / "trl", max_steps=2),
+                                 args=grpo_args(tmp_path / "trl", max_steps=2 // accumulation,
+                                                gradient_accumulation_steps=accumulation),
                                  moestab=RecordSettings(tmp_path / "run"))
     trainer.train()
     _check(tmp_path / "run")
+    names = _updates_then(HookLog.calls, minibatches=2, rows=16)  # 16 sequences, 2 micro-batches of 8
+    updates = ["before_update", "after_update"] * 2
+    if accumulation == 1:  # TRL's pi_old forward ran before the first micro-step's update
+        assert names == ["before_updates", *updates, "after_step"]
+    else:  # pi_old is the loss forward itself: its calls are all known at the last micro-step only
+        assert names == [*updates, "before_updates", "after_step"]
 
 
 def test_a_measurement_reporting_an_undeclared_key_is_refused(monkeypatch):

@@ -185,11 +185,6 @@ def trained_ids(step: LossStep, pool: torch.Tensor, prompt_len: int) -> torch.Te
     return torch.cat([step.inputs["prompt_ids"], step.inputs["completion_ids"]], 1)[:, :length].cpu()
 
 
-def trained_rows(final: Sequence[tuple[int, LossStep]], pool: torch.Tensor, prompt_len: int) -> list[torch.Tensor]:
-    """Generation rows of each micro-batch of the last pass, matched by their tokens."""
-    return match_rows(pool, [trained_ids(step, pool, prompt_len) for _, step in final])
-
-
 def _rollout_logp(gen: GenerationCall, completion: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[N, C]``: each completion token's log-prob under the generation step that sampled it (0 off ``mask``)."""
     last = gen.last_logp.cpu().gather(-1, completion[:, -1:].to(torch.long))  # [N, 1] the never-fed last token
@@ -217,6 +212,7 @@ def measured_rows(cycle: CycleRecord, layout: CycleLayout, rows: Sequence[torch.
 
 def assemble(
     cycle: CycleRecord,
+    rows: Sequence[torch.Tensor],
     measures: Sequence[Measurement],
     measured: torch.Tensor | None,
     *,
@@ -227,12 +223,14 @@ def assemble(
 ) -> StepTensors:
     """The cycle's ``StepTensors``, with what the step's measurements (:mod:`moestab.recording.measurements`) filled,
     run by the trainer on the ``measured`` rows ``[N]`` (None: every row; the others have no pi_new: routes -1,
-    log-probs NaN, and ``StepTensors.measured`` says so)."""
+    log-probs NaN, and ``StepTensors.measured`` says so). ``rows``: the generation rows of each micro-batch of the
+    last pass, as the trainer matched them (:class:`RowMatcher` over :func:`trained_ids`, in order)."""
     gen = cycle.generation
     pool = rollout_ids(gen).cpu()  # [N, L]
     n, prompt_len = gen.prompt_ids.shape
     final = last_pass(cycle.steps, layout)
-    rows = trained_rows(final, pool, prompt_len)
+    if len(rows) != len(final):
+        raise RecordingError(f"{len(rows)} micro-batches matched for a last pass of {len(final)}")
 
     def batch_col(name: str) -> torch.Tensor:  # a column of TRL's micro-batches, in generation order
         return gather_rows([step.inputs[name] for _, step in final], rows, n)
@@ -287,19 +285,19 @@ def assemble(
     )
 
 
-def pi_old_routes(cycle: CycleRecord, layout: CycleLayout, input_ids: torch.Tensor) -> Routes:
-    """``[b, L, layers, k]`` the routes of TRL's pi_old forward for the rows of a micro-batch's loss forward
-    (``input_ids`` ``[b, L]``, matched by their tokens), on the forward's device: what ``RoutingReplay`` forces to
-    score the micro-batch with pi_old's routes. Only when TRL computed pi_old (``layout.old_forward``)."""
+def pi_old_routes(cycle: CycleRecord, layout: CycleLayout, rows: torch.Tensor, positions: int) -> Routes:
+    """``[b, L, layers, k]`` the routes of TRL's pi_old forward for generation ``rows`` ``[b]`` (its calls score the
+    batch in generation order; :func:`assemble` checks it), on the forward's device: what ``RoutingReplay`` forces
+    to score a micro-batch of ``positions`` input positions with pi_old's routes. Indexing by the rows the trainer
+    matched keeps each of two identical sequences its own routes. Only when TRL computed pi_old
+    (``layout.old_forward``)."""
     if not layout.old_forward:
         raise RecordingError("TRL computed no pi_old forward: pi_old's routes are the loss forward's own")
     calls = pi_old_calls(cycle, layout)
-    pool = torch.cat([c.input_ids for c in calls])  # [N, L]
-    if pool.shape[1] != input_ids.shape[1]:
-        raise RecordingError(f"TRL's pi_old forward fed {pool.shape[1]} positions, its loss forward "
-                             f"{input_ids.shape[1]}: pi_old's routes cannot be replayed on it")
-    (rows,) = match_rows(pool, [input_ids])
     indices = torch.cat([c.routes.indices for c in calls])  # [N, L, layers, k]
+    if indices.shape[1] != positions:
+        raise RecordingError(f"TRL's pi_old forward fed {indices.shape[1]} positions, its loss forward "
+                             f"{positions}: pi_old's routes cannot be replayed on it")
     first = calls[0].routes
     return Routes(indices=indices[rows.to(indices.device)], layers=first.layers, num_experts=first.num_experts)
 

@@ -15,14 +15,13 @@ import torch
 from moestab.integrations.trl.capture import ForwardCapture, ScoringCall
 from moestab.integrations.trl.cycle import (
     CycleRecord,
-    in_order,
     pi_old_calls,
     pi_old_routes,
     scatter_rows,
     scored_policy,
 )
 from moestab.integrations.trl.settings import CycleLayout
-from moestab.recording.measurements import Scored
+from moestab.recording.measurements import Scored, rng_devices
 from moestab.routing import RecordingError, RoutingRecorder, RoutingReplay
 
 
@@ -31,15 +30,8 @@ class MicroStep:
     """The loss forward of the micro-step being measured, and the random state it started from."""
 
     call: ScoringCall
-    rng: tuple[torch.Tensor, list[torch.Tensor]]  # CPU state, each CUDA device's state
-
-
-def cuda_devices(model: torch.nn.Module) -> list[int]:
-    """The CUDA device of ``model``'s parameters, as ``torch.random.fork_rng`` takes it (none on a CPU)."""
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return []
-    return [torch.cuda.current_device() if device.index is None else device.index]
+    rng: tuple[torch.Tensor, list[torch.Tensor]] | None  # CPU state, each CUDA device's; None: no measurement
+    # runs around the updates, so none was kept
 
 
 class TrlForwards:
@@ -63,7 +55,7 @@ class TrlForwards:
             raise RecordingError("TRL's forwards record no router log-probs")
         calls, rows = pi_old_calls(self.cycle, self.layout), self.old_rows
         if rows is None:
-            rows = in_order([c.input_ids.shape[0] for c in calls])
+            raise RecordingError("a measurement ran the policy over the batch before pi_old's rows were known")
         picked = [i for i, r in enumerate(rows) if measured is None or bool(measured[r].any())]
         if measured is not None and any(not bool(measured[rows[i]].all()) for i in picked):
             raise RecordingError("the measured rows split a pi_old call: TRL's budget measures whole calls")
@@ -90,14 +82,14 @@ class TrlForwards:
         the state the loss forward started from and restored afterwards: TRL's weights, gradients and random draws
         are those of a run without it."""
         step = self.micro_step
-        if step is None:
+        if step is None or step.rng is None:
             raise RecordingError("a measurement asked for the update's forward outside a recorded micro-step")
         prompt_len = self.cycle.generation.prompt_ids.shape[1]
         if self.layout.old_forward:
             model = self.trainer.model
-            routes = pi_old_routes(self.cycle, self.layout, step.call.input_ids)  # [b, L, layers, k]
+            routes = pi_old_routes(self.cycle, self.layout, rows, step.call.input_ids.shape[1])  # [b, L, layers, k]
             cpu_state, cuda_states = step.rng
-            devices = cuda_devices(model)
+            devices = rng_devices(model)
             with torch.no_grad(), torch.random.fork_rng(devices=devices), self.trainer.accelerator.autocast(), \
                     RoutingReplay(model, routes, verify=False):
                 torch.set_rng_state(cpu_state)
@@ -109,6 +101,6 @@ class TrlForwards:
         else:
             log_probs = step.call.log_probs
         logp = log_probs.detach()[:, prompt_len - 1 :].float().cpu()  # [b, C]
-        out = torch.full_like(logp, float("nan"))
+        out = torch.full_like(logp, float("nan"))  # [b, C]
         out[scored] = logp[scored]
         return out

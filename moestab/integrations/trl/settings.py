@@ -35,7 +35,9 @@ class RecordSettings:
     rule with TRL's seed + the step): pi_new costs about this share of a no-grad forward of the batch. The unit is
     a chunk of TRL's pi_old forward, not a group: pi_new must see exactly pi_old's inputs and shapes. Sequences left
     out have no pi_new (routes -1, ``logp_new`` NaN); old->new volatility is measured on the others and logged with
-    its sampling error over the groups they hold (``routing/old_new/*_se``)."""
+    its sampling error over the groups they hold (``routing/old_new/*_se``). Routing's share (``routing_share``)
+    scores the same sequences when TRL runs its pi_old forward; without it, every sequence (it then costs no
+    forward)."""
     overwrite: bool = False
     """Delete a finished, failed or stopped run already in ``run_dir`` first (never another kind of folder)."""
     routing_share: bool = False

@@ -31,13 +31,21 @@ from moestab.integrations.trl.cycle import (
     rollout_ids,
     trained_ids,
 )
-from moestab.integrations.trl.forwards import MicroStep, TrlForwards, cuda_devices
+from moestab.integrations.trl.forwards import MicroStep, TrlForwards
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
 from moestab.recording.environment import environment as run_environment
 from moestab.recording.measure_budget import RULE
-from moestab.recording.measurements import Measurement, MeasureSetup, UpdateView, measured_metrics, step_measurements
+from moestab.recording.measurements import (
+    Measurement,
+    MeasureSetup,
+    UpdateView,
+    measured_metrics,
+    rng_devices,
+    step_measurements,
+    updates_watched,
+)
 from moestab.recording.step_metrics import step_metrics
 from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.step_tensors import StepTensors
@@ -96,6 +104,7 @@ class TrlRecords:
             if getattr(trainer, name, None):
                 raise ValueError(f"moestab cannot record this GRPOTrainer run: {name} is set ({why})")
         self.trainer, self.settings = trainer, settings
+        self.setup = MeasureSetup(replay="off", routing_share=settings.routing_share)  # TRL replays no routes
         self.layout, self.clip = cycle_layout(args), clip_rule(args)
         # The rollout's log-probs are the sampling distribution's: TRL's generation config (generation_kwargs
         # included), which may differ from the temperature its trainer side scores at.
@@ -203,8 +212,8 @@ class TrlRecords:
         if inputs.get("tool_mask") is not None:
             raise RecordingError("the micro-batch has a tool_mask: completions hold tokens the policy did not sample")
         self._inputs = {key: inputs[key] for key in LOSS_INPUTS if key in inputs}
-        # the generators' state the loss forward starts from (dropout, jitter): a measurement re-running it draws alike
-        self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices(self.trainer.model)]
+        if updates_watched(self.setup):  # the generators' state the loss forward starts from (dropout, jitter)
+            self._rng = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in rng_devices(self.trainer.model)]
 
     def add_micro_step(self, captured: Captured) -> None:
         """File one recorded ``training_step``: a cycle opens with the one that generated. Its measurements run
@@ -221,7 +230,7 @@ class TrlRecords:
             raise RecordingError("TRL generated inside a cycle: its generation batches no longer line up with the "
                                  "optimizer steps moestab expects")
         losses = [call for call in captured.scoring if call.grad]
-        if self._inputs is None or self._rng is None:
+        if self._inputs is None:
             raise RecordingError("a recorded training step did not pass through compute_loss")
         if len(losses) != 1:
             raise RecordingError(f"a training step ran {len(losses)} forwards with grad, expected TRL's loss forward")
@@ -233,9 +242,8 @@ class TrlRecords:
     def _open_measures(self, cycle: CycleRecord) -> _Measuring:
         gen = cycle.generation
         shape = (gen.prompt_ids.shape[0], gen.fed.shape[1] + 1)  # [N, C]: the last sampled token is never fed
-        setup = MeasureSetup(replay="off", routing_share=self.settings.routing_share)  # TRL replays no routes
         pool = rollout_ids(gen).cpu()  # [N, L]
-        return _Measuring(measures=step_measurements(setup, shape, torch.float32, torch.device("cpu")),
+        return _Measuring(measures=step_measurements(self.setup, shape, torch.float32, torch.device("cpu")),
                           forwards=TrlForwards(self.trainer, cycle, self.layout, self.temperature,
                                                plain=self.new_recorder, stats=self.recorder),
                           pool=pool, matcher=RowMatcher(pool))
@@ -244,7 +252,8 @@ class TrlRecords:
         """The measurements' hooks of one micro-step, after its loss forward and backward, before its optimizer step:
         ``before_updates`` on the first (TRL's pi_old forward then exists) or, when TRL computes no pi_old (one
         optimizer step per cycle), on the last, once pi_old's calls (the loss forwards) are all known;
-        ``before_update`` / ``after_update`` on each of the last pass, the one recorded (:func:`cycle.last_pass`)."""
+        ``before_update`` / ``after_update`` on each of the last pass, the one recorded (:func:`cycle.last_pass`), on
+        the budget's rows once it is drawn (every row before: TRL without its pi_old forward)."""
         cycle, layout, m = self._cycle, self.layout, self._measuring
         index = len(cycle.steps) - 1
         if layout.old_forward and index == 0:
@@ -254,13 +263,16 @@ class TrlRecords:
             prompt_len = cycle.generation.prompt_ids.shape[1]
             rows = m.matcher.match(trained_ids(step, m.pool, prompt_len))  # [b] generation rows
             m.trained.append(rows)
-            m.forwards.micro_step = micro
-            for measure in m.measures:
-                measure.before_update(m.forwards, rows, torch.arange(len(rows)))
-            update = self._update_view(step)
-            for measure in m.measures:
-                measure.after_update(rows, update)
-            m.forwards.micro_step = None
+            watching = [measure for measure in m.measures if measure.watches_updates()]
+            if watching:
+                scored = torch.arange(len(rows)) if m.measured is None else torch.nonzero(m.measured[rows]).flatten()
+                m.forwards.micro_step = micro
+                for measure in watching:
+                    measure.before_update(m.forwards, rows, scored)  # [b'] scored: indices into rows
+                update = self._update_view(step)
+                for measure in watching:
+                    measure.after_update(rows, update)
+                m.forwards.micro_step = None
         if not layout.old_forward and index == layout.micro_steps - 1:
             self._before_updates()
 
@@ -297,7 +309,7 @@ class TrlRecords:
         for measure in m.measures:
             measure.after_step(m.forwards, m.measured)
         tokenizer = self.trainer.processing_class
-        t = assemble(cycle, m.measures, m.measured, layout=self.layout, clip=self.clip,
+        t = assemble(cycle, m.trained, m.measures, m.measured, layout=self.layout, clip=self.clip,
                      group_size=int(self.trainer.args.num_generations),
                      decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
         measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps,
