@@ -43,6 +43,8 @@ import numpy as np
 LAYOUTS = {2: "FixedSizeList<int16>", 3: "FixedSizeBinary", 4: "FixedSizeBinary, XOR with a reference, zstd"}
 """Route-column layout of each run-format version (moestab.run_folder.route_columns)."""
 STREAM_MODES = ("run_volatility", "run_volatility, no read-ahead", "decode only")
+STREAM_CASES = ("R3-level", "GSPO-level")
+"""Change rates of ``CASES`` whose route pair a streamed run folder holds."""
 """What a streaming child does: the whole analysis (its reader thread one batch ahead, as by default, or none), or
 only the reading and decoding of what it reads."""
 
@@ -139,10 +141,16 @@ def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path
     """A minimal run folder of schema ``version`` (run.json + one step table, written by ``RunWriter``) holding the
     synthetic pair as routes_old_free/new; prints the route columns' Arrow bytes as JSON."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from moestab.analysis.synthetic import route_chain
     from moestab.run_folder import RunFolder, schema
-    from moestab.run_folder.route_columns import encode_route_columns, route_layout_for, with_route_layout
+    from moestab.run_folder.route_columns import (
+        encode_route_columns,
+        route_layout_for,
+        token_parquet_options,
+        with_route_layout,
+    )
     from moestab.run_folder.writer import RunWriter
 
     run = root / f"bench_run_v{version}"
@@ -151,7 +159,8 @@ def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path
     folder.run_json.write_text(json.dumps(_bench_info(args, version).to_json()))
     keys = _keys(args.tokens)
     # Routes as incompressible as a router's (route_chain), which version 4's zstd has to decode
-    a, b = route_chain(args.tokens, args.layers, args.top_k, args.experts, length=2, flip=0.1, reorder=0.05)
+    flip, reorder = next((f, r) for name, f, r, _ in CASES if name == args.case)
+    a, b = route_chain(args.tokens, args.layers, args.top_k, args.experts, length=2, flip=flip, reorder=reorder)
     layout = route_layout_for(args.experts, args.layers, args.top_k, schema_version=version)
     routes, layout = encode_route_columns({schema.COL_ROUTES_OLD_FREE: a, schema.COL_ROUTES_NEW: b}, layout)
     arrays = {
@@ -161,7 +170,11 @@ def write_run_folder(root: Path, args: argparse.Namespace, version: int) -> Path
         **routes,
     }
     table = with_route_layout(pa.table(arrays), layout)
-    RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
+    if args.full_codec is None or version != 4:
+        RunWriter(run).write_tokens(1, table, row_group_size=args.row_group)
+    else:  # what RunWriter writes, the column stored in full compressed otherwise
+        options = token_parquet_options(table.schema, full=(args.full_codec, None if args.full_codec == "none" else 1))
+        pq.write_table(table, run / schema.tokens_file(1), row_group_size=args.row_group, **options)
     print(json.dumps({"route_arrow_bytes": [table.column(c).nbytes for c in (schema.COL_ROUTES_OLD_FREE,
                                                                                schema.COL_ROUTES_NEW)]}))
     return run
@@ -238,34 +251,38 @@ def _shape_args(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def bench_stream(args: argparse.Namespace) -> dict[tuple[int, str], dict]:
-    """Best-of-``rounds`` streaming of one run folder per layout of ``args.versions``, by ``run_volatility`` and by
-    its decoding alone (:data:`STREAM_MODES`), rounds interleaved."""
+def bench_stream(args: argparse.Namespace) -> dict[tuple[str, int, str], dict]:
+    """Best-of-``rounds`` streaming of one run folder per change rate of ``STREAM_CASES`` and layout of
+    ``args.versions``, by ``run_volatility`` and by its decoding alone (:data:`STREAM_MODES`), rounds interleaved."""
     from moestab.run_folder import schema
 
     decisions = args.tokens * args.layers
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         runs, written_by = {}, {}
-        for version in args.versions:
-            t = time.perf_counter()
-            cmd = [sys.executable, __file__, "--write-run", tmp, "--version", str(version), *_shape_args(args)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            written = json.loads(out.splitlines()[-1])
-            runs[version] = Path(tmp) / f"bench_run_v{version}"
-            path = runs[version] / schema.tokens_file(1)
-            on_disk = _column_disk_bytes(path)
-            written_by[version] = {
-                "file_mib": path.stat().st_size / 2**20,
-                "route_bytes_on_disk": [on_disk[c] / decisions for c in (schema.COL_ROUTES_OLD_FREE,
-                                                                         schema.COL_ROUTES_NEW)],
-                "route_bytes_in_arrow": [n / decisions for n in written["route_arrow_bytes"]],
-            }
-            print(f"[stream] v{version}: wrote {written_by[version]['file_mib']:.0f} MiB Parquet in "
-                  f"{time.perf_counter() - t:.1f}s", file=sys.stderr)
-        best = {(v, mode): dict(written_by[v]) for v in args.versions for mode in STREAM_MODES}
+        for case in STREAM_CASES:
+            for version in args.versions:
+                t = time.perf_counter()
+                root = Path(tmp) / case
+                cmd = [sys.executable, __file__, "--write-run", str(root), "--version", str(version), "--case", case,
+                       *_shape_args(args)]
+                cmd += ["--full-codec", args.full_codec] if args.full_codec else []
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                written = json.loads(out.splitlines()[-1])
+                runs[case, version] = root / f"bench_run_v{version}"
+                path = runs[case, version] / schema.tokens_file(1)
+                on_disk = _column_disk_bytes(path)
+                written_by[case, version] = {
+                    "file_mib": path.stat().st_size / 2**20,
+                    "route_bytes_on_disk": [on_disk[c] / decisions for c in (schema.COL_ROUTES_OLD_FREE,
+                                                                             schema.COL_ROUTES_NEW)],
+                    "route_bytes_in_arrow": [n / decisions for n in written["route_arrow_bytes"]],
+                }
+                print(f"[stream] {case} v{version}: wrote {written_by[case, version]['file_mib']:.0f} MiB Parquet in "
+                      f"{time.perf_counter() - t:.1f}s", file=sys.stderr)
+        best = {(case, v, mode): dict(written_by[case, v]) for case, v in runs for mode in STREAM_MODES}
         for _ in range(args.rounds):
-            for (version, mode), kept in best.items():
-                cmd = [sys.executable, __file__, "--child", str(runs[version])]
+            for (case, version, mode), kept in best.items():
+                cmd = [sys.executable, __file__, "--child", str(runs[case, version])]
                 cmd += ["--batch-rows", str(args.batch_rows)] if args.batch_rows else []
                 cmd += ["--decode-only"] if mode == "decode only" else []
                 cmd += ["--read-ahead", "0"] if mode.endswith("no read-ahead") else []
@@ -434,8 +451,8 @@ def main() -> None:
     parser.add_argument("--sizes", action="store_true", help="only the step-table sizes, per change rate and layout")
     parser.add_argument("--verbose", action="store_true", help="with --sizes: the sizes column by column")
     parser.add_argument("--full-codec", choices=["zstd", "none", "lz4", "snappy"], default=None,
-                        help="with --sizes: compress version 4's route columns stored in full with this codec instead "
-                             "of the writer's (to compare)")
+                        help="compress version 4's route columns stored in full with this codec instead "
+                             "of the writer's, in --sizes and the streamed run folders (to compare)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--write-run", help=argparse.SUPPRESS)
     parser.add_argument("--sizes-child", help=argparse.SUPPRESS)
@@ -468,11 +485,13 @@ def main() -> None:
     # Streaming first, while this process is small (children inherit its ru_maxrss).
     if not args.skip_stream:
         batch = args.batch_rows or "auto"
-        for (version, mode), s in bench_stream(args).items():
+        codec = f" (columns stored in full: {args.full_codec})" if args.full_codec else ""
+        for (case, version, mode), s in bench_stream(args).items():
             disk, arrow = s["route_bytes_on_disk"], s["route_bytes_in_arrow"]
             rate, cpu_rate = s["decisions_per_s"] / 1e6, s["cpu_decisions_per_s"] / 1e6
             print(
-                f"  streaming  v{version} {LAYOUTS.get(version, '?')}, {mode}: Parquet {s['file_mib']:.0f} MiB, "
+                f"  streaming  [{case}] v{version} {LAYOUTS.get(version, '?')}{codec if version == 4 else ''}, "
+                f"{mode}: Parquet {s['file_mib']:.0f} MiB, "
                 f"batch rows {batch}, row groups {args.row_group}: {s['wall']:.2f} s  {rate:.1f} M decisions/s "
                 f"(per CPU-second {cpu_rate:.1f} M); peak RSS {s['peak_rss'] / 2**20:.0f} MiB (VmHWM "
                 f"{s['vm_hwm'] / 2**20:.0f} MiB, {s['imported_rss'] / 2**20:.0f} MiB of it the imports'; the two "

@@ -85,7 +85,8 @@ def main() -> None:
     decisions = args.tokens * args.layers
     gen = np.random.default_rng(0)
     logp_rollout = (-gen.exponential(0.5, args.tokens)).astype(np.float32)
-    logp_trainer = (logp_rollout + gen.normal(0, 0.02, args.tokens)).astype(np.float32)
+    # A trainer's log-prob is a log-prob too (route_diagnostics refuses one above 0)
+    logp_trainer = np.minimum(logp_rollout + gen.normal(0, 0.02, args.tokens), 0).astype(np.float32)
     print(f"numpy {np.__version__}; {platform.machine()}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}; {args.tokens} tokens x {args.layers} layers x top-{args.top_k} of "
           f"{args.experts} = {decisions / 1e6:.0f}M decisions; best of {args.rounds}", file=sys.stderr)

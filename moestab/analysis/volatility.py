@@ -25,6 +25,7 @@ from moestab.metrics.routes import (
     change_rates,
     check_pair,
     check_routes,
+    check_stored_pair,
     intersect_into,
     intersection_sizes,
     parallel_map,
@@ -191,13 +192,16 @@ class VolatilityAccumulator:
         keys: Mapping[str, np.ndarray] | pd.DataFrame | None = None,
         *,
         threads: int | None = None,
+        stored: bool = False,
     ) -> None:
         """Compare two route sets ``[tokens, layers, top_k]`` and add them (= ``add(intersection_sizes(...))``).
 
         Runs the kernel and the aggregation chunk by chunk on the thread pool, so both are parallel
-        and only a chunk's intersection sizes exist at a time.
+        and only a chunk's intersection sizes exist at a time. ``stored``: the routes are the run format's stored
+        ids (uint8 with 255 = not recorded, or int16; :func:`~moestab.metrics.routes.check_stored_pair`), compared
+        as they are (the reader's ``stored=True``).
         """
-        a, b = check_pair(routes_a, routes_b)
+        a, b = check_stored_pair(routes_a, routes_b) if stored else check_pair(routes_a, routes_b)
         if a.shape[2] != self.top_k:
             raise ValueError(f"routes have top_k={a.shape[2]}, the accumulator {self.top_k}")
         tokens, n_layers, k = a.shape
@@ -400,7 +404,7 @@ def run_volatility(
     others = [schema.COL_STEP, schema.COL_MINIBATCH, schema.COL_POSITION]
     accumulator: VolatilityAccumulator | None = None
     batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped,
-                              num_experts=info.num_experts)
+                              num_experts=info.num_experts, stored=True)
     for _, batch, routes in prefetch(batches, read_ahead):
         routes_a, routes_b = routes[col_a], routes[col_b]  # [rows, layers, top_k] each
         if accumulator is None:
@@ -411,5 +415,5 @@ def run_volatility(
             "minibatch": batch.column(schema.COL_MINIBATCH).to_numpy(),
             "position_bin": bin_left_edges(batch.column(schema.COL_POSITION).to_numpy(), position_edges),
         }
-        accumulator.add_routes(routes_a, routes_b, keys, threads=threads)
+        accumulator.add_routes(routes_a, routes_b, keys, threads=threads, stored=True)
     return None if accumulator is None else accumulator.result()

@@ -106,7 +106,8 @@ def _row_sums(flags: np.ndarray) -> np.ndarray:
 def _intersect_block(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """Write ``|E_a ∩ E_b|`` (or :data:`INVALID`) of each decision of a block into ``out``.
 
-    ``a``, ``b``: int16 ``[m, k]`` C-contiguous; ``out``: uint8 ``[m]``.
+    ``a``, ``b``: ``[m, k]`` C-contiguous, both int16 (-1 = not recorded) or both uint8 (255 = not recorded, the run
+    format's stored ids: :mod:`moestab.run_folder.route_columns`); ``out``: uint8 ``[m]``.
     """
     k = a.shape[1]
     # Slots holding the same expert in a and b. All k: the set is unchanged (the usual case). k - 1:
@@ -115,7 +116,12 @@ def _intersect_block(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     positional = _row_sums(a == b)  # [m]
     np.copyto(out, positional)
     same = positional >= k - 1  # [m] settled
-    if a.min(initial=0) < 0 or b.min(initial=0) < 0:
+    if a.dtype == np.uint8:
+        if a.max(initial=0) == 255 or b.max(initial=0) == 255:
+            valid = _all_rows(a != 255) & _all_rows(b != 255)  # [m] recorded in both
+            out[~valid] = INVALID
+            same |= ~valid
+    elif a.min(initial=0) < 0 or b.min(initial=0) < 0:
         valid = _all_rows(a >= 0) & _all_rows(b >= 0)  # [m] no -1 in either
         out[~valid] = INVALID
         same |= ~valid
@@ -123,16 +129,16 @@ def _intersect_block(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     if todo.size == 0:
         return
     # Make the decisions slot-major so that every compare below runs over a contiguous row: gather
-    # the differing ones as whole rows (one 2k-byte item each), or take the whole block when most
-    # differ. Ids < 256 (e.g. 128 experts) fit in uint8, which makes the compares ~20% faster.
+    # the differing ones as whole rows (one item of k ids each), or take the whole block when most differ.
     most = 2 * todo.size > a.shape[0]
     if most:
         sub_a, sub_b = a, b  # [m, k]
     else:
-        row = np.dtype((np.void, 2 * k))
-        sub_a = a.view(row)[:, 0][todo].view(np.int16).reshape(-1, k)  # [p, k]
-        sub_b = b.view(row)[:, 0][todo].view(np.int16).reshape(-1, k)  # [p, k]
-    narrow = np.uint8 if max(sub_a.max(), sub_b.max()) < 256 else np.int16
+        row = np.dtype((np.void, k * a.itemsize))
+        sub_a = a.view(row)[:, 0][todo].view(a.dtype).reshape(-1, k)  # [p, k]
+        sub_b = b.view(row)[:, 0][todo].view(b.dtype).reshape(-1, k)  # [p, k]
+    # int16 ids < 256 (e.g. 128 experts) compare as uint8, ~20% faster; stored uint8 ids already are.
+    narrow = np.uint8 if a.dtype == np.uint8 or max(sub_a.max(), sub_b.max()) < 256 else np.int16
     at = sub_a.T.astype(narrow, order="C")  # [k, n]
     bt = sub_b.T.astype(narrow, order="C")  # [k, n]
     # |E_a ∩ E_b| = sum_i sum_j [a_i == b_j]: experts are distinct, so each pair matches at most once.
@@ -168,6 +174,25 @@ def check_pair(routes_a: np.ndarray, routes_b: np.ndarray) -> tuple[np.ndarray, 
     b = check_routes(routes_b, "routes_b")
     if a.shape != b.shape:
         raise ValueError(f"route sets differ in shape: {a.shape} vs {b.shape}")
+    return a, b
+
+
+def check_stored_pair(routes_a: np.ndarray, routes_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two route sets ``[tokens, layers, top_k]`` as the run format stores them (``moestab.run_folder`` readers'
+    ``stored=True``): both uint8 (255 = not recorded) or both int16 (-1), one shape; C-contiguous and native-endian
+    (a copy only where they are not). Expert ids are the reader's to check."""
+    arrays = []
+    for name, routes in (("routes_a", routes_a), ("routes_b", routes_b)):
+        arr = np.asarray(routes)
+        if arr.dtype.kind not in "iu" or arr.dtype.itemsize not in (1, 2) or (arr.dtype.itemsize == 1) != (
+                arr.dtype.kind == "u"):
+            raise TypeError(f"{name}: stored route ids are uint8 or int16, got {arr.dtype}")
+        if arr.ndim != 3 or not 1 <= arr.shape[2] <= INVALID - 1:
+            raise ValueError(f"{name} must be [tokens, layers, top_k] with top_k in 1..{INVALID - 1}, got {arr.shape}")
+        arrays.append(np.ascontiguousarray(arr, arr.dtype.newbyteorder("=")))
+    a, b = arrays
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"route sets differ: {a.dtype} {a.shape} vs {b.dtype} {b.shape}")
     return a, b
 
 
@@ -212,38 +237,87 @@ def intersection_sizes(
 
 
 
+def repeated_experts(routes: np.ndarray, *, block: int = DEFAULT_BLOCK) -> np.ndarray:
+    """bool ``[tokens, layers]``: the recorded decisions of int16 ``routes`` ``[tokens, layers, top_k]`` (C-contiguous)
+    that name an expert in two slots (a top-k decision holds k distinct experts; an engine's zero-filled rows do not).
+
+    Compares the k (k - 1) / 2 slot pairs over slot-major blocks (uint8 when every id is below 255), which stay in
+    cache: strided slot views of the whole array ran at ~15M decisions/s, these at several hundred million."""
+    tokens, layers, k = routes.shape
+    flat = routes.reshape(-1, k)  # [decisions, k]
+    out = np.zeros(tokens * layers, bool)  # [decisions]
+    for start in range(0, len(flat), block):
+        part = flat[start:start + block]  # [m, k]
+        narrow = np.uint8 if part.max(initial=0) < 255 else np.int16  # -1 -> 255: "not recorded" stays apart
+        slots = part.T.astype(narrow, order="C")  # [k, m]
+        absent = narrow(255) if narrow is np.uint8 else -1
+        repeated = out[start:start + block]  # [m] a view: written in place
+        same = np.empty(len(part), bool)  # [m]
+        recorded = slots != absent if part.min(initial=0) < 0 else None  # [k, m]: two "not recorded" are no repeat
+        for i in range(k - 1):
+            for j in range(i + 1, k):
+                np.equal(slots[i], slots[j], out=same)
+                if recorded is not None:
+                    same &= recorded[i]
+                repeated |= same
+    return out.reshape(tokens, layers)
+
+
 def row_counts(flags: np.ndarray) -> np.ndarray:
     """Row-wise count of a bool ``[tokens, layers]`` array (summing bytes is faster than count_nonzero)."""
     dtype = np.uint8 if flags.shape[1] < 256 else np.int64
     return np.add.reduce(flags.view(np.uint8), axis=1, dtype=dtype)
 
 
+def _group_sums(flags: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """int64 ``[groups, layers]``: the ``True`` flags of bool ``[tokens, layers]`` summed over each group's tokens.
+
+    Tokens of one group come in runs (a response's position bin, a step's minibatch): each run is summed at once
+    (``reduceat``), then the runs into their groups."""
+    if n_groups == 1:
+        return np.add.reduce(flags.view(np.uint8), axis=0, dtype=np.int64)[None]  # [1, layers]
+    starts = np.flatnonzero(np.diff(group, prepend=-1))  # [runs] first token of each run of one group
+    per_run = np.add.reduceat(flags.view(np.uint8), starts, axis=0, dtype=np.int64)  # [runs, layers]
+    sums = np.zeros((n_groups, flags.shape[1]), np.int64)
+    np.add.at(sums, group[starts], per_run)
+    return sums
+
+
 def aggregate_intersections(
     inter: np.ndarray, group: np.ndarray, n_groups: int, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Histogram ``[groups, layers, k + 2]`` of overlaps (bucket k + 1 = unrecorded) and token counts
-    ``[groups, 4]`` (tokens, tokens_flipped, routers, routers_flipped) of ``inter`` ``[tokens, layers]``."""
+    ``[groups, 4]`` (tokens, tokens_flipped, routers, routers_flipped) of ``inter`` ``[tokens, layers]``.
+
+    Overlaps ``k`` (unchanged) and ``k - 1`` (one expert swapped: most changes) are counted as dense sums; the rest
+    (reorders, several swaps, unrecorded) are visited one by one, unless they are not rare (then every decision is)."""
     tokens, n_layers = inter.shape
     flat = inter.reshape(-1)  # [tokens * layers]
-    changed = flat != k  # [tokens * layers] flipped or unrecorded
-    if np.count_nonzero(changed) * 4 < flat.size:
-        # Few changes (the usual case): visit only those decisions.
-        where = np.flatnonzero(changed)  # [q]
+    size = n_groups * n_layers * (k + 2)
+    near = None  # [tokens, layers] decisions with overlap k - 1, when counted apart
+    rare = flat != k  # [tokens * layers] flipped or unrecorded
+    if np.count_nonzero(rare) * 4 >= flat.size:
+        near = inter == k - 1
+        rare &= ~near.reshape(-1)
+    if np.count_nonzero(rare) * 4 < flat.size:
+        # Few decisions left (the usual case): visit only those.
+        where = np.flatnonzero(rare)  # [q]
         values = flat[where]  # [q]
         token = where // n_layers  # [q]
         layer = where - token * n_layers  # [q]
         bucket = np.minimum(values, k + 1).astype(np.intp)  # [q]
         index = (group[token] * n_layers + layer) * (k + 2) + bucket
-        hist = np.bincount(index, minlength=n_groups * n_layers * (k + 2)).reshape(n_groups, n_layers, k + 2)
+        hist = np.bincount(index, minlength=size).reshape(n_groups, n_layers, k + 2)
+        if near is not None:
+            hist[:, :, k - 1] += _group_sums(near, group, n_groups)
         hist[:, :, k] = np.bincount(group, minlength=n_groups)[:, None] - hist.sum(axis=2)
-        flipped = np.bincount(token[values < k], minlength=tokens)  # [tokens] flipped decisions
+        flipped = row_counts(inter < k) if near is not None else np.bincount(token[values < k], minlength=tokens)
         unrecorded = np.bincount(token[values == INVALID], minlength=tokens)  # [tokens]
     else:
         bucket = np.minimum(inter, k + 1)  # [tokens, layers]
         base = np.arange(n_layers, dtype=np.intp) * (k + 2)  # [layers]
         index = bucket + base if n_groups == 1 else group[:, None] * (n_layers * (k + 2)) + base + bucket
-        hist = np.bincount(index.reshape(-1), minlength=n_groups * n_layers * (k + 2))
-        hist = hist.reshape(n_groups, n_layers, k + 2)
+        hist = np.bincount(index.reshape(-1), minlength=size).reshape(n_groups, n_layers, k + 2)
         flipped = row_counts(inter < k)  # [tokens]
         unrecorded = row_counts(inter == INVALID) if inter.max(initial=0) == INVALID else np.zeros(tokens, np.int64)
     recorded = n_layers - unrecorded  # [tokens]
@@ -253,7 +327,6 @@ def aggregate_intersections(
     else:
         totals = np.stack([np.bincount(group, weights=col, minlength=n_groups) for col in per_token.T], axis=1)
     return hist.astype(np.int64, copy=False), totals.round().astype(np.int64)
-
 
 
 CHANGE_METRICS = ("changed", "router_flip", "jaccard_distance", "token_flip", "routers_flipped_per_token")

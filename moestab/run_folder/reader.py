@@ -240,7 +240,7 @@ def iter_token_batches(
     wanted, read, decode = _stored(parquet, path, columns)
     rows = batch_rows or default_batch_rows(parquet.schema_arrow, read)
     try:
-        for batch in parquet.iter_batches(batch_size=rows, columns=read if columns else None):
+        for batch in parquet.iter_batches(batch_size=rows, columns=read if columns else None, use_threads=True):
             yield _decoded(batch, path, wanted) if decode else batch
     except (OSError, pa.ArrowException) as exc:
         raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
@@ -308,7 +308,9 @@ def _fixed_list_values(column: pa.Array | pa.ChunkedArray, width: int, fill: Any
     return out
 
 
-def route_array(column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLayout | None = None) -> np.ndarray:
+def route_array(
+    column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLayout | None = None, *, stored: bool = False
+) -> np.ndarray:
     """A route column as an int16 array ``[rows, layers, top_k]``, -1 where a route was not recorded.
 
     Any layout: a binary column (schema versions 3 and 4) is decoded with ``layout``, its table's
@@ -316,7 +318,9 @@ def route_array(column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLay
     module give it (holding its ids; a version 4 column read by other means may hold XORed bytes: its layout refuses
     it); version 2's ``FixedSizeList<int16>[layers * top_k]`` (or plain lists) needs none. Zero-copy when the column
     is int16 without nulls (the normal case of version 2): the array is a read-only view of the Arrow buffer; a
-    uint8 column is widened (one copy). Nulls, not part of the format, are read as -1 (not recorded).
+    uint8 column is widened (one copy), unless ``stored``: then a binary column keeps its stored dtype (uint8: 255 =
+    not recorded; :meth:`RouteLayout.decode`), what the volatility kernel compares fastest. Nulls, not part of the
+    format, are read as not recorded.
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -326,7 +330,7 @@ def route_array(column: pa.Array | pa.ChunkedArray, top_k: int, layout: RouteLay
                              "route_layout(schema)); the table's schema metadata has none")
         if layout.top_k != top_k:
             raise ValueError(f"route column holds top-{layout.top_k} decisions, expected top_k={top_k}")
-        return layout.decode(column)
+        return layout.decode(column, stored=stored)
     width = _list_width(column)
     if width % top_k:
         raise ValueError(f"route column has {width} items per row, not a multiple of top_k={top_k}")
@@ -346,9 +350,11 @@ def iter_run_routes(
     skipped: list[Skipped] | None = None,
     *,
     num_experts: int | None = None,
+    stored: bool = False,
 ) -> Iterator[tuple[int, pa.RecordBatch, dict[str, np.ndarray]]]:
     """:func:`iter_run_batches` plus the route columns as int16 ``[rows, layers, top_k]`` arrays (:func:`route_array`,
-    any layout: each table is decoded by its own column types and schema metadata).
+    any layout: each table is decoded by its own column types and schema metadata), or with ``stored`` in the dtype
+    the table stores them in (uint8, 255 = not recorded, or int16, -1).
 
     Yields ``(step, batch, {column: routes})``. A file whose route column is malformed (a width that
     is not a multiple of ``top_k``, route columns of different widths, a binary column without its layout, or, given
@@ -365,7 +371,7 @@ def iter_run_routes(
             continue
         try:
             layout = route_layout(batch.schema)
-            routes = {c: route_array(batch.column(c), top_k, layout) for c in route_columns}
+            routes = {c: route_array(batch.column(c), top_k, layout, stored=stored) for c in route_columns}
             if len({r.shape[1] for r in routes.values()}) > 1:
                 raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
             if num_experts is not None:
@@ -381,8 +387,16 @@ def iter_run_routes(
 
 def _check_ids(ids: np.ndarray, column: str, num_experts: int, first_row: int) -> None:
     """ValueError naming the first row of ``ids`` ``[rows, layers, top_k]`` (``first_row``: the file row of its row 0)
-    whose id is not -1 or an expert."""
-    bad = (ids < -1) | (ids >= num_experts)
+    whose id is not an expert or "not recorded" (-1 in int16, 255 in stored uint8)."""
+    absent = 255 if ids.dtype == np.uint8 else -1
+    if ids.size == 0:
+        return
+    if ids.dtype == np.uint8:  # one pass: "not recorded" (255) wraps to 0, every expert to 1..num_experts
+        if (ids + np.uint8(1)).max() <= num_experts:
+            return
+    elif ids.min() >= -1 and ids.max() < num_experts:
+        return
+    bad = ((ids < 0) | (ids >= num_experts)) & (ids != absent)
     if bad.any():
         row, layer, slot = (int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"{column} row {first_row + row}, layer {layer}, slot {slot} holds expert id "

@@ -166,14 +166,15 @@ class RouteLayout:
         its ids (:meth:`stored_ids`)."""
         return _binary(self.stored_ids(routes), self.byte_width)
 
-    def decode(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    def decode(self, column: pa.Array | pa.ChunkedArray, *, stored: bool = False) -> np.ndarray:
         """A binary route column holding its ids as int16 ``[rows, layers, top_k]``, -1 where not recorded (null rows
-        too).
+        too); with ``stored``, in the stored dtype instead (uint8: 255 where not recorded), which the kernels of
+        :mod:`moestab.metrics.routes` compare without widening.
 
-        int16 columns without nulls are a zero-copy, read-only view of the Arrow buffer; uint8 columns are widened
-        to int16 (one copy, read-only too: the kernels of :mod:`moestab.metrics.routes` take int16). Raises
-        ``ValueError`` in :data:`XOR` encoding, where a column alone may hold XORed bytes: the table's columns are
-        decoded together (:func:`decoded_route_columns`, as the reader does).
+        Columns without nulls in their own dtype (int16, or ``stored``) are a zero-copy, read-only view of the Arrow
+        buffer; uint8 columns are otherwise widened to int16 (one copy, read-only too). Raises ``ValueError`` in
+        :data:`XOR` encoding, where a column alone may hold XORed bytes: the table's columns are decoded together
+        (:func:`decoded_route_columns`, as the reader does).
         """
         if self.encoding != FULL:
             raise ValueError(f"a route column of a {self.encoding!r} table may hold its ids XOR another column's: "
@@ -181,26 +182,33 @@ class RouteLayout:
                              "moestab.run_folder.reader does)")
         if isinstance(column, pa.ChunkedArray):
             if column.num_chunks == 1:
-                return self.decode(column.chunk(0))
-            parts = [self.decode(chunk) for chunk in column.chunks]
-            return np.concatenate(parts) if parts else np.empty((0, self.layers, self.top_k), np.int16)
+                return self.decode(column.chunk(0), stored=stored)
+            parts = [self.decode(chunk, stored=stored) for chunk in column.chunks]
+            dtype = self.numpy_dtype if stored else np.int16
+            return np.concatenate(parts) if parts else np.empty((0, self.layers, self.top_k), dtype)
         self._check_type(column.type)
         rows, width = len(column), self.layers * self.top_k
         data = column.buffers()[1]
         if rows * width == 0 or data is None:
-            return np.full((rows, self.layers, self.top_k), -1, np.int16)
-        stored = np.frombuffer(data, self.numpy_dtype, count=rows * width,
-                               offset=column.offset * self.byte_width)  # [rows * width]
+            return np.full((rows, self.layers, self.top_k), self.absent if stored else -1,
+                           self.numpy_dtype if stored else np.int16)
+        ids = np.frombuffer(data, self.numpy_dtype, count=rows * width,
+                            offset=column.offset * self.byte_width)  # [rows * width]
+        if stored:
+            if column.null_count:
+                ids = ids.copy()
+                ids.reshape(rows, width)[~column.is_valid().to_numpy(zero_copy_only=False)] = self.absent
+            return ids.reshape(rows, self.layers, self.top_k)  # [rows, layers, top_k]
         if self.dtype == "uint8":
             # Widened by Arrow, into its memory pool, which reuses its pages batch after batch: numpy's astype took
             # fresh pages from the OS for every batch, and their faults doubled the decoding's CPU time.
-            ids = pa.Array.from_buffers(pa.uint8(), rows * width, [None, data], offset=column.offset * self.byte_width)
-            routes = pc.cast(ids, pa.int16()).to_numpy(zero_copy_only=True)  # [rows * width]
-            if stored.max() == self.absent:
+            wide = pa.Array.from_buffers(pa.uint8(), rows * width, [None, data], offset=column.offset * self.byte_width)
+            routes = pc.cast(wide, pa.int16()).to_numpy(zero_copy_only=True)  # [rows * width]
+            if ids.max() == self.absent:
                 routes = routes.copy()
-                routes[stored == self.absent] = -1
+                routes[ids == self.absent] = -1
         else:
-            routes = stored.astype(np.int16, copy=False)  # a view on little-endian machines
+            routes = ids.astype(np.int16, copy=False)  # a view on little-endian machines
         if column.null_count:
             routes = routes.copy() if not routes.flags.writeable else routes
             routes.reshape(rows, width)[~column.is_valid().to_numpy(zero_copy_only=False)] = -1

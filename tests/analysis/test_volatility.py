@@ -205,3 +205,43 @@ def test_int64_input_is_accepted():
     a = np.array([[[0, 1]]], dtype=np.int64)
     b = np.array([[[1, 2]]], dtype=np.int64)
     assert V.route_volatility(a, b)["changed"] == pytest.approx(0.5)
+
+
+def _stored(routes: np.ndarray) -> np.ndarray:
+    """int16 routes as a uint8 route column stores them (-1 -> 255, "not recorded")."""
+    return routes.astype(np.uint8)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 12])
+def test_stored_uint8_ids_give_the_overlaps_of_python_sets(k):
+    """The run folder's uint8 ids are compared as they are stored: the same overlaps as int16 and as Python sets,
+    with whole decisions and single slots not recorded."""
+    rng = np.random.default_rng(10 + k)
+    a, b = synthetic_routes(300, 4, k, 24, flip=0.5, reorder=0.3, seed=k)
+    a, b = a.copy(), b.copy()
+    a[rng.random((300, 4)) < 0.05] = -1  # whole decisions
+    b[rng.random((300, 4)) < 0.05, rng.integers(k)] = -1  # one slot
+    expected = np.array([[V.INVALID if v is None else v for v in row] for row in decision_overlaps(a, b)])
+    keys = {"step": rng.integers(0, 3, 300)}
+    whole = V.VolatilityAccumulator(k, ["step"])
+    whole.add_routes(a, b, keys)
+    for block in (1, 7, 4096):
+        got = np.empty(300 * 4, np.uint8)
+        V.intersect_into(_stored(a), _stored(b), got, block)
+        np.testing.assert_array_equal(got.reshape(300, 4), expected)
+    for threads in (1, 2):
+        stored = V.VolatilityAccumulator(k, ["step"])
+        stored.add_routes(_stored(a), _stored(b), keys, threads=threads, stored=True)
+        pd.testing.assert_frame_equal(stored.result().decisions, whole.result().decisions)
+        pd.testing.assert_frame_equal(stored.result().tokens, whole.result().tokens)
+
+
+def test_stored_routes_must_be_uint8_or_int16_of_one_shape():
+    a = np.zeros((2, 3, 2), np.uint8)
+    acc = V.VolatilityAccumulator(2)
+    with pytest.raises(TypeError, match="uint8 or int16"):
+        acc.add_routes(a.astype(np.int32), a.astype(np.int32), stored=True)
+    with pytest.raises(ValueError, match="differ"):
+        acc.add_routes(a, a.astype(np.int16), stored=True)
+    with pytest.raises(ValueError, match=r"\[tokens, layers, top_k\]"):
+        acc.add_routes(a[0], a[0], stored=True)

@@ -410,3 +410,26 @@ def test_the_duckdb_query_of_the_docs_gives_the_readers_routes(tmp_path):
                          for slot, e in enumerate(row) if e >= 0]
     rows = sorted(map(tuple, got[["step", "seq", "position", "layer", "slot", "expert"]].astype(int).to_numpy()))
     assert rows == sorted(expected) and len(rows) > 0
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_an_expert_id_outside_the_model_in_a_binary_table_is_reported(tmp_path, version):
+    """The volatility reads stored ids without widening them; an id the model does not have is still reported with
+    its row, and "not recorded" (255 in uint8) is not such an id."""
+    steps = {1: step_tensors(8, seed=1)}
+    run = write_run(tmp_path / "run", version, steps, experts=8)
+    before = volatility_table(run_volatility(run, "rollout_old"))
+    assert before["unrecorded"].iloc[0] > 0  # rollout routes not recorded at a token: 255 bytes, read fine
+    path = run / schema.tokens_file(1)
+    table = pq.read_table(path)
+    column = table.column(schema.COL_ROUTES_ROLLOUT).combine_chunks()  # stored in full in both versions
+    ids = np.frombuffer(column.buffers()[1], np.uint8).copy()
+    ids[column.type.byte_width * 4] = 200  # row 4, layer 0, slot 0; the run has 8 experts
+    planted = pa.FixedSizeBinaryArray.from_buffers(column.type, len(column), [None, pa.py_buffer(ids)])
+    table = table.set_column(table.schema.get_field_index(schema.COL_ROUTES_ROLLOUT), schema.COL_ROUTES_ROLLOUT,
+                             planted)
+    pq.write_table(table, path)
+    skipped = []
+    assert run_volatility(run, "rollout_old", skipped=skipped) is None
+    (only,) = skipped
+    assert "routes_rollout row 4, layer 0, slot 0 holds expert id 200; the run has 8 experts" in only.reason
