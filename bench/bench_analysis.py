@@ -8,8 +8,9 @@ Measured:
    by step x minibatch x position bin x layer), on the pairs of ``CASES``: R3-level change (10% of
    decisions with the k-th expert swapped out), GSPO-level change (10% of activated experts differ:
    80% of decisions swap their k-th expert) and a worst case (every decision swapped and reordered);
-2. streaming: ``run_volatility`` over a run folder whose step table (the R3-level pair, drawn by
-   ``moestab.analysis.synthetic.route_chain``) is a Parquet file in a temp dir, in a fresh process, with its peak RSS
+2. streaming: ``run_volatility`` over a run folder whose step table (the R3-level or the GSPO-level pair,
+   ``STREAM_CASES``, drawn by ``moestab.analysis.synthetic.route_chain``) is a Parquet file in a temp dir, in a fresh
+   process, with its peak RSS
    (``resource.getrusage``); one run folder per route-column layout (``--versions``: schema version 2's
    ``FixedSizeList<int16>``, version 3's ``FixedSizeBinary``, version 4's XOR with a reference), all written by
    ``RunWriter``, their rounds interleaved so that all see the same machine, with each layout's bytes per router
@@ -445,6 +446,7 @@ def main() -> None:
     parser.add_argument("--row-group", type=int, default=65_536, help="Parquet row-group size of the bench file")
     parser.add_argument("--tmp", default=None, help="folder for the temporary Parquet file")
     parser.add_argument("--skip-stream", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true", help="only the streamed run folders")
     parser.add_argument("--versions", type=int, nargs="+", default=None,
                         help="run-format versions whose route-column layout to stream (default: 2 3 4) or size "
                              "(default: 3 4)")
@@ -498,7 +500,7 @@ def main() -> None:
                 f"route columns decoded: {s['decoded_routes_mib']:.0f} MiB); "
                 f"a route column per decision: {disk[0]:.2f} / {disk[1]:.2f} B on disk, {arrow[0]:.2f} B in Arrow"
             )
-    for r in bench_memory(args):
+    for r in [] if args.skip_memory else bench_memory(args):
         print(
             f"  in memory  {r['case']:<11} {r['what']:<18} threads={r['threads']}: "
             f"{r['wall']:.3f} s  {r['decisions_per_s'] / 1e6:6.1f} M decisions/s "

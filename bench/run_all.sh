@@ -53,6 +53,12 @@ run train-16prompts-default $PY bench/bench_train.py --threads 1 --rounds $((10 
   --measure-every "$DEFAULT_EVERY"
 run trl-budget025 $PY bench/bench_trl_callback.py --pairs 20 --threads 1 --measure-fraction 0.25
 run analysis-sizes $PY bench/bench_analysis.py --sizes
+# Issue 43: the streamed analysis with the column stored in full uncompressed (to compare), streaming's peak memory at
+# a quarter and 4x a Qwen3-30B-A3B step, and the memory of recording a step
+run analysis-plain-full $PY bench/bench_analysis.py --versions 4 --full-codec none --skip-memory
+run analysis-250k $PY bench/bench_analysis.py --versions 3 4 --rounds 1 --skip-memory --tokens 250000
+run analysis-4m $PY bench/bench_analysis.py --versions 3 4 --rounds 1 --skip-memory --tokens 4000000
+run recording-memory $PY bench/bench_recording_memory.py --sequences 32 64 128 256 512
 # Budget 1 against the code issue 28 measured, side by side (ratios of other days do not compare)
 run ab-2fa08e0 bash bench/ab_commit.sh 2fa08e0 3
 # moestab --help / --version / train --help start-up, against the commit before it was made light (issue 39.6)

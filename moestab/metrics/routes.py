@@ -4,7 +4,11 @@ A *route set* is an int16 array ``[tokens, layers, top_k]`` of expert ids, ``-1`
 not recorded. A *decision* (router) is one (token, layer): the set ``E(t, l)`` of its ``top_k``
 experts, compared as a set. A decision with any ``-1`` in either route set is *unrecorded* and left
 out of every statistic of its layer; a token counts in token-level statistics when at least one of
-its layers is recorded, over its recorded layers. Expert sets hold ``top_k`` distinct experts.
+its layers is recorded, over its recorded layers. Expert sets hold ``top_k`` distinct experts
+(:func:`repeated_experts` finds a decision that does not). The streamed
+analysis hands the kernel the ids as a run folder stores them instead, uint8
+with ``255`` where not recorded (or int16, -1; :func:`check_stored_pair`),
+which it compares without widening them.
 
 Metrics (GSPO arXiv 2507.18071 §5.3; R3 arXiv 2510.11370; docs/metrics.md), all from
 :func:`change_rates` over the counts of :func:`aggregate_intersections`:
