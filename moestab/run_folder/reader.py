@@ -240,7 +240,7 @@ def iter_token_batches(
     wanted, read, decode = _stored(parquet, path, columns)
     rows = batch_rows or default_batch_rows(parquet.schema_arrow, read)
     try:
-        for batch in parquet.iter_batches(batch_size=rows, columns=read if columns else None, use_threads=True):
+        for batch in parquet.iter_batches(batch_size=rows, columns=read if columns else None):
             yield _decoded(batch, path, wanted) if decode else batch
     except (OSError, pa.ArrowException) as exc:
         raise RunFileError(path, f"corrupt Parquet data ({exc})") from exc
@@ -372,6 +372,8 @@ def iter_run_routes(
         try:
             layout = route_layout(batch.schema)
             routes = {c: route_array(batch.column(c), top_k, layout, stored=stored) for c in route_columns}
+            if len({r.dtype for r in routes.values()}) > 1:  # a list column beside a binary one: compare as int16
+                routes = {c: route_array(batch.column(c), top_k, layout) for c in route_columns}
             if len({r.shape[1] for r in routes.values()}) > 1:
                 raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
             if num_experts is not None:

@@ -426,8 +426,12 @@ def decoded_route_columns(data: pa.RecordBatch | pa.Table, columns: Sequence[str
             buffer, offset = _ids(data, layout, column, ids)
             array = pa.FixedSizeBinaryArray.from_buffers(pa.binary(layout.byte_width), len(array), [None, buffer],
                                                          offset=offset // layout.byte_width)
-            if data.column(column).null_count:
-                array = pc.if_else(data.column(column).is_valid(), array, pa.scalar(None, array.type))
+            chain = [data.column(link) for link in layout.chain(column)]
+            if any(link.null_count for link in chain):  # a row null anywhere on the chain cannot be decoded
+                valid = chain[0].is_valid()
+                for link in chain[1:]:
+                    valid = pc.and_(valid, link.is_valid())
+                array = pc.if_else(valid, array, pa.scalar(None, array.type))
         arrays.append(array)
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=decoded))
 
