@@ -160,8 +160,10 @@ def test_a_dying_rank_stops_the_others_with_a_message(tmp_path, cache_dir):
     assert re.search(r"rank\s*: 1 \(local_rank: 1\)\s*exitcode\s*: -9", done.stderr), done.stderr[-2000:]
     info = read_run_info(tmp_path / "run")
     assert info.status == schema.STATUS_FAILED
-    assert info.error.startswith("step 2: ") and "Connection closed by peer" in info.error, info.error
-    assert "remote worker crashing" in info.error and "--resume" in info.error, info.error
+    # gloo says "closed" when it reads the peer's end of the socket and "reset" when the kernel answers for the dead
+    # process (a race between the two, seen on a loaded machine); either is the peer gone, with gloo's hint after it.
+    assert info.error.startswith("step 2: ") and re.search(r"Connection (closed|reset) by peer", info.error), info.error
+    assert "remote worker" in info.error and "--resume" in info.error, info.error
 
 
 @pytest.mark.slow
