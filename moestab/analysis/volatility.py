@@ -21,6 +21,7 @@ from moestab.metrics.routes import (
     CHANGE_METRICS,
     DEFAULT_BLOCK,
     INVALID,
+    RepeatedExpertError,
     aggregate_intersections,
     change_rates,
     check_pair,
@@ -32,7 +33,7 @@ from moestab.metrics.routes import (
     thread_workers,
 )
 from moestab.run_folder import schema
-from moestab.run_folder.errors import Skipped
+from moestab.run_folder.errors import RunFileError, Skipped, skip
 from moestab.run_folder.prefetch import prefetch
 from moestab.run_folder.reader import iter_run_routes, read_run_info
 
@@ -41,6 +42,7 @@ __all__ = [
     "METRICS",
     "PAIRS",
     "RUN_KEYS",
+    "RepeatedExpertError",
     "VolatilityAccumulator",
     "VolatilityCounts",
     "check_routes",
@@ -135,28 +137,30 @@ class VolatilityAccumulator:
 
     def _groups(
         self, keys: Mapping[str, np.ndarray] | pd.DataFrame | None, tokens: int, n_layers: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per-token local group ids ``[tokens]`` and the global row of each local group ``[groups]``."""
-        if self.layers is None:
-            self.layers = list(range(n_layers))
-        if n_layers != len(self.layers):
-            raise ValueError(f"routes have {n_layers} layers, expected {len(self.layers)}")
-        if self._hist.shape[1] != n_layers:
-            self._hist = np.zeros((0, n_layers, self.top_k + 2), np.int64)
+    ) -> tuple[np.ndarray, list[tuple]]:
+        """Per-token local group ids ``[tokens]`` and the key values of each local group."""
+        layers = self.layers if self.layers is not None else list(range(n_layers))
+        if n_layers != len(layers):
+            raise ValueError(f"routes have {n_layers} layers, expected {len(layers)}")
         if isinstance(keys, pd.DataFrame):
             keys = {c: keys[c].to_numpy() for c in keys.columns}
         keys = dict(keys or {})
         if set(keys) != set(self.key_names):
             raise ValueError(f"keys {sorted(keys)} differ from the accumulator's {sorted(self.key_names)}")
-        group, key_values = _local_groups({name: keys[name] for name in self.key_names}, tokens)
+        return _local_groups({name: keys[name] for name in self.key_names}, tokens)
+
+    def _sum(self, parts: list[tuple[np.ndarray, np.ndarray]], key_values: list[tuple], n_layers: int) -> None:
+        """Add the counts of local groups ``key_values`` to their global rows, created as needed: only once the
+        counts exist, so that routes refused on the way (``RepeatedExpertError``) leave the accumulator as it was."""
+        if self.layers is None:
+            self.layers = list(range(n_layers))
+        if self._hist.shape[1] != n_layers:
+            self._hist = np.zeros((0, n_layers, self.top_k + 2), np.int64)
         ids = np.array([self._index.setdefault(v, len(self._index)) for v in key_values], np.intp)
         grow = len(self._index) - self._hist.shape[0]
         if grow > 0:
             self._hist = np.concatenate([self._hist, np.zeros((grow, n_layers, self.top_k + 2), np.int64)])
             self._tokens = np.concatenate([self._tokens, np.zeros((grow, 4), np.int64)])
-        return group, ids
-
-    def _sum(self, parts: list[tuple[np.ndarray, np.ndarray]], ids: np.ndarray) -> None:
         for hist, totals in parts:
             self._hist[ids] += hist  # ids are distinct: a plain fancy add is exact
             self._tokens[ids] += totals
@@ -177,13 +181,13 @@ class VolatilityAccumulator:
         top = inter.max(initial=0)
         if top > k and (top != INVALID or np.any((inter > k) & (inter != INVALID))):
             raise ValueError(f"intersection sizes exceed top_k={k}")
-        group, ids = self._groups(keys, tokens, n_layers)
+        group, key_values = self._groups(keys, tokens, n_layers)
         step = max(1, _CHUNK_DECISIONS // max(n_layers, 1))
 
         def work(start: int) -> tuple[np.ndarray, np.ndarray]:
-            return aggregate_intersections(inter[start : start + step], group[start : start + step], len(ids), k)
+            return aggregate_intersections(inter[start : start + step], group[start : start + step], len(key_values), k)
 
-        self._sum(parallel_map(work, range(0, tokens, step), thread_workers(threads)), ids)
+        self._sum(parallel_map(work, range(0, tokens, step), thread_workers(threads)), key_values, n_layers)
 
     def add_routes(
         self,
@@ -205,16 +209,17 @@ class VolatilityAccumulator:
         if a.shape[2] != self.top_k:
             raise ValueError(f"routes have top_k={a.shape[2]}, the accumulator {self.top_k}")
         tokens, n_layers, k = a.shape
-        group, ids = self._groups(keys, tokens, n_layers)
+        group, key_values = self._groups(keys, tokens, n_layers)
         step = max(1, _CHUNK_DECISIONS // max(n_layers, 1))
 
         def work(start: int) -> tuple[np.ndarray, np.ndarray]:
             stop = min(start + step, tokens)
             inter = np.empty((stop - start) * n_layers, np.uint8)  # [chunk * layers]
             intersect_into(a[start:stop], b[start:stop], inter, DEFAULT_BLOCK)
-            return aggregate_intersections(inter.reshape(stop - start, n_layers), group[start:stop], len(ids), k)
+            return aggregate_intersections(inter.reshape(stop - start, n_layers), group[start:stop],
+                                           len(key_values), k)
 
-        self._sum(parallel_map(work, range(0, tokens, step), thread_workers(threads)), ids)
+        self._sum(parallel_map(work, range(0, tokens, step), thread_workers(threads)), key_values, n_layers)
 
     def result(self) -> VolatilityCounts:
         """The counts added so far (one row per group and layer; no rows before the first ``add``)."""
@@ -405,7 +410,10 @@ def run_volatility(
     accumulator: VolatilityAccumulator | None = None
     batches = iter_run_routes(run, [col_a, col_b], info.top_k, others, steps, batch_rows, skipped,
                               num_experts=info.num_experts, stored=True)
-    for _, batch, routes in prefetch(batches, read_ahead):
+    bad: set[int] = set()  # steps whose table named an expert twice in a decision: left out from there on
+    for step, batch, routes in prefetch(batches, read_ahead):
+        if step in bad:
+            continue
         routes_a, routes_b = routes[col_a], routes[col_b]  # [rows, layers, top_k] each
         if accumulator is None:
             layers = info.recorded_layers if len(info.recorded_layers) == routes_a.shape[1] else None
@@ -415,5 +423,11 @@ def run_volatility(
             "minibatch": batch.column(schema.COL_MINIBATCH).to_numpy(),
             "position_bin": bin_left_edges(batch.column(schema.COL_POSITION).to_numpy(), position_edges),
         }
-        accumulator.add_routes(routes_a, routes_b, keys, threads=threads, stored=True)
+        try:
+            accumulator.add_routes(routes_a, routes_b, keys, threads=threads, stored=True)
+        except RepeatedExpertError as exc:  # found before anything of the batch was added
+            bad.add(step)
+            where = Path(run) / schema.tokens_file(step)
+            skip(skipped, RunFileError(where, f"malformed route column {col_a} or {col_b} ({exc}); the rest of the "
+                                              "file is left out"))
     return None if accumulator is None else accumulator.result()

@@ -54,6 +54,11 @@ INVALID = 255
 DEFAULT_BLOCK = 65_536
 
 
+class RepeatedExpertError(ValueError):
+    """Routes in which a decision names an expert twice, found by the comparison (whose overlap would exceed
+    ``top_k``): not a top-k decision, so no change metric is defined for it."""
+
+
 def check_routes(routes: np.ndarray, name: str = "routes") -> np.ndarray:
     """``routes`` as a C-contiguous int16 ``[tokens, layers, top_k]`` array (no copy if it already is).
 
@@ -156,6 +161,10 @@ def _intersect_block(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         np.copyto(out, counts, where=~same)  # unrecorded rows count as `same` and keep INVALID
     else:
         out[todo] = counts
+    top = int(out[todo].max())
+    if top > k:  # only an expert named twice in a decision counts more matches than slots
+        raise RepeatedExpertError(f"a decision names an expert twice: {top} slot pairs match where top_k = {k} "
+                                  "allows at most k (a top-k decision holds k distinct experts)")
 
 
 def thread_workers(threads: int | None) -> int:

@@ -245,3 +245,22 @@ def test_stored_routes_must_be_uint8_or_int16_of_one_shape():
         acc.add_routes(a, a.astype(np.int16), stored=True)
     with pytest.raises(ValueError, match=r"\[tokens, layers, top_k\]"):
         acc.add_routes(a[0], a[0], stored=True)
+
+
+def test_a_decision_naming_an_expert_twice_is_refused_and_nothing_of_its_batch_added():
+    """[1, 1, 2] against [2, 1, 1]: slot pairs match 5 times where top-3 allows 3 (a set overlap is not defined)."""
+    a, b = routes([[1, 1, 2]]), routes([[2, 1, 1]])
+    with pytest.raises(V.RepeatedExpertError, match="names an expert twice"):
+        V.intersection_sizes(a, b)
+    good_a, good_b = routes([[1, 2, 3]], [[4, 5, 6]]), routes([[1, 2, 7]], [[4, 5, 6]])
+    acc = V.VolatilityAccumulator(3, ["step"])
+    acc.add_routes(good_a, good_b, {"step": np.array([1, 1])})
+    before = acc.result()
+    for stored in (False, True):
+        batch_a, batch_b = np.concatenate([good_a, a]), np.concatenate([good_b, b])
+        if stored:
+            batch_a, batch_b = batch_a.astype(np.uint8), batch_b.astype(np.uint8)
+        with pytest.raises(V.RepeatedExpertError):
+            acc.add_routes(batch_a, batch_b, {"step": np.array([1, 1, 2])}, stored=stored)
+        pd.testing.assert_frame_equal(acc.result().decisions, before.decisions)  # no group 2, no counts added
+        pd.testing.assert_frame_equal(acc.result().tokens, before.tokens)

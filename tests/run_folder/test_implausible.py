@@ -84,3 +84,25 @@ def test_an_implausible_model_in_run_json_is_refused_naming_the_field(tmp_path, 
     with pytest.raises(RunFileError, match=r"run\.json") as caught:
         read_run_info(run.path)
     assert says in str(caught.value)
+
+
+def test_a_decision_naming_an_expert_twice_is_reported_and_its_file_left_out(tmp_path):
+    run = write_run(tmp_path, steps=2, top_k=3)
+    step1 = run_volatility(run.path, "update_old", steps=[1], skipped=[])
+    path = run.path / schema.tokens_file(2)
+    table = pq.read_table(path)
+    for column, ids in ((schema.COL_ROUTES_OLD, [1, 1, 2]), (schema.COL_ROUTES_UPDATE, [2, 1, 1])):
+        values = table.column(column).combine_chunks()
+        flat = values.flatten().to_numpy().copy()
+        flat[5 * values.type.list_size:][:3] = ids  # row 5, first recorded layer: 5 slot pairs match, top-3
+        fixed = pa.FixedSizeListArray.from_arrays(pa.array(flat, type=values.type.value_type), values.type.list_size)
+        table = table.set_column(table.schema.get_field_index(column), column, fixed)
+    pq.write_table(table, path)
+    skipped = []
+    counts = run_volatility(run.path, "update_old", skipped=skipped)
+    (only,) = skipped
+    assert only.file == path and "names an expert twice" in only.reason and "left out" in only.reason
+    pd.testing.assert_frame_equal(counts.decisions, step1.decisions)  # step 2 left out, not half counted
+    pd.testing.assert_frame_equal(counts.tokens, step1.tokens)
+    with pytest.raises(RunFileError, match="names an expert twice"):
+        run_volatility(run.path, "update_old")
