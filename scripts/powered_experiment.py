@@ -60,14 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         i, n = (int(v) for v in args.shard.split("/"))
         powered.run_experiment(design, args.out, REGISTRATION, shards=(i, n), log=lambda s: print(s, flush=True))
         return 0
-    runs = powered.all_runs(design, args.out)
-    table = powered.outcomes(runs)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    table.to_csv(RESULTS / "outcomes.csv", index=False)
-    powered.contrasts(table[table["lr"] == design.lr]).to_csv(RESULTS / "contrasts.csv", index=False)
-    powered.collapse_rates(table).to_csv(RESULTS / "collapse_rates.csv", index=False)
-    powered.manifest(runs, args.out).to_csv(RESULTS / "manifest.csv", index=False)
-    print(f"wrote {RESULTS}/outcomes.csv, contrasts.csv, collapse_rates.csv, manifest.csv")
+    written = powered.write_results(design, args.out, RESULTS)
+    print("wrote", ", ".join(p.relative_to(ROOT).as_posix() for p in written))
     return 0
 
 

@@ -27,9 +27,10 @@ import pandas as pd
 from moestab.experiments.grid import GridRun, grid_runs, run_grid, shard
 from moestab.experiments.registration import check_registered
 from moestab.experiments.stability import run_stability
+from moestab.metrics import keys
 from moestab.metrics.paired import min_detectable_difference, paired_interval, t_cdf
 from moestab.models.spec import parse_model_spec
-from moestab.run_folder.reader import read_run_info
+from moestab.run_folder.reader import load_metrics, read_run_info
 
 BASELINE = "moe_grpo_off"
 ARMS: dict[str, dict[str, Any]] = {
@@ -167,17 +168,23 @@ def outcomes(runs: Sequence[GridRun]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def contrasts(table: pd.DataFrame) -> pd.DataFrame:
+def contrasts(table: pd.DataFrame, alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
     """Per contrast arm: paired difference arm - baseline in the primary outcome, its 95% t-interval, p and Holm's
-    adjusted p (primary contrasts; secondary ones are reported unadjusted)."""
+    adjusted p (primary contrasts; secondary ones are reported unadjusted), the realized sd of the paired differences
+    and the minimum detectable difference it gives (``min_detectable``: at ``alpha`` / m for a primary contrast, the
+    level the registration powered it at, and ``alpha`` for a secondary one; NaN below two pairs)."""
     base = table[table["arm"] == BASELINE].set_index("seed")[PRIMARY]
     rows = []
     for arm in (*PRIMARY_CONTRASTS, *SECONDARY_CONTRASTS):
         pairs = pd.concat([table[table["arm"] == arm].set_index("seed")[PRIMARY], base], axis=1,
                           keys=["arm", "base"]).dropna()
         ci = paired_interval(pairs["arm"].tolist(), pairs["base"].tolist())
+        level = alpha / len(PRIMARY_CONTRASTS) if arm in PRIMARY_CONTRASTS else alpha
+        detectable = (min_detectable_difference(ci.sd, ci.n, level, power) if ci.n >= 2 and ci.sd > 0
+                      else math.nan)
         rows.append({"arm": arm, "n": ci.n, "mean_diff": ci.mean, "ci_low": ci.low, "ci_high": ci.high,
-                     "p": paired_p((pairs["arm"] - pairs["base"]).tolist()), "primary": arm in PRIMARY_CONTRASTS})
+                     "p": paired_p((pairs["arm"] - pairs["base"]).tolist()), "primary": arm in PRIMARY_CONTRASTS,
+                     "sd": ci.sd, "min_detectable": detectable})
     out = pd.DataFrame(rows)
     primary = out["primary"]
     out["p_holm"] = math.nan
@@ -191,15 +198,59 @@ def collapse_rates(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"collapse_rate": grouped.mean(), "runs": grouped.size()}).reset_index()
 
 
-def manifest(runs: Sequence[GridRun], root: str | Path) -> pd.DataFrame:
-    """Every run folder, relative to ``root``: sha256 of its metrics.jsonl and run.json, and its created time."""
+def curves(runs: Sequence[GridRun]) -> pd.DataFrame:
+    """One row per run and evaluated step: eval accuracy there, and the mean reward and old->new routing change over
+    the steps since the previous evaluation (equal windows, so a mean of windows is a mean of steps)."""
     rows = []
     for run in runs:
+        m = load_metrics(run.run_dir)
+        evaluated = m[keys.EVAL_ACCURACY].notna()
+        window = evaluated.shift(fill_value=False).cumsum()  # steps after one evaluation up to and with the next
+        means = m.groupby(window)[[keys.REWARD_MEAN, keys.ROUTING_CHANGED.format(pair="old_new")]].mean()
+        for _, row in m[evaluated].iterrows():
+            w = window[row.name]
+            rows.append({"arm": run.run_dir.parent.name, "lr": run.config.lr, "seed": run.values["seed"],
+                         "step": int(row[keys.STEP]), "eval_acc": float(row[keys.EVAL_ACCURACY]),
+                         "reward": float(means.loc[w, keys.REWARD_MEAN]),
+                         "vol": float(means.loc[w, keys.ROUTING_CHANGED.format(pair="old_new")])})
+    return pd.DataFrame(rows)
+
+
+RESULT_FILES = ("outcomes.csv", "contrasts.csv", "collapse_rates.csv", "curves.csv", "manifest.csv")
+
+
+def write_results(design: Design, out: str | Path, dest: str | Path) -> list[Path]:
+    """The report of every run of ``design`` under ``out`` (all finished) as :data:`RESULT_FILES` in ``dest``: per-run
+    outcomes, the contrasts at the design's lr, collapse rates per arm and lr, curves and the manifest."""
+    runs = all_runs(design, out)
+    table = outcomes(runs)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    frames = (table, contrasts(table[table["lr"] == design.lr], design.alpha, design.power), collapse_rates(table),
+              curves(runs), manifest(runs, out))
+    for name, frame in zip(RESULT_FILES, frames, strict=True):
+        frame.to_csv(dest / name, index=False, float_format="%.6g" if name == "curves.csv" else None)
+    return [dest / name for name in RESULT_FILES]
+
+
+def manifest(runs: Sequence[GridRun], root: str | Path) -> pd.DataFrame:
+    """Every run folder, relative to ``root``: sha256 of its metrics.jsonl and run.json, its created time and its last
+    update (a finished run's: when it finished)."""
+    rows = []
+    for run in runs:
+        info = read_run_info(run.run_dir)
         rows.append({"run": run.run_dir.relative_to(root).as_posix(),
                      "metrics_sha256": _sha256(run.run_dir / "metrics.jsonl"),
                      "run_json_sha256": _sha256(run.run_dir / "run.json"),
-                     "created": read_run_info(run.run_dir).created})
+                     "created": info.created, "updated": info.updated})
     return pd.DataFrame(rows)
+
+
+def run_hours(table: pd.DataFrame) -> float:
+    """The measured cost of the runs a manifest lists: the sum of each run's created -> last update, in hours (one
+    thread per run, so run-hours are core-hours; a run resumed after a stop counts its gap too)."""
+    spans = pd.to_datetime(table["updated"]) - pd.to_datetime(table["created"])
+    return float(spans.dt.total_seconds().sum() / 3600)
 
 
 def _sha256(path: Path) -> str:
