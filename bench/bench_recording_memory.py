@@ -11,10 +11,17 @@ sets (a run without replay: rollout, old = old_free, update, new; ``routes_old``
 prints its resident memory after the imports, once the step's tensors exist ("held"), and its peak while the table
 is built and written (VmHWM, reset once the tensors exist: the synthetic feed's own making is left out).
 
+``--trl-parts P`` measures instead what the TRL integration adds before that: it records each forward of a policy in
+micro-batch parts and puts a policy's parts together in generation order
+(``moestab.integrations.trl.cycle.gather_routes``: concatenated, then reordered). The child holds pi_old's parts as
+TRL's recorder gives them (ids, router margin, entropy and confidence over every input position, ``P`` parts, shuffled
+rows), resets the peak and gathers them; it prints the parts held and the peak above them, per response token.
+
 The largest step that fits in ``--budget-gib`` (default 24 GiB, this project's machine) follows from a least-squares
 line of peak memory over response tokens; the last size given is best chosen near it, to check the line.
 
     .venv/bin/python bench/bench_recording_memory.py [--sequences 32 64 128 256] [--response 4096]
+    .venv/bin/python bench/bench_recording_memory.py --trl-parts 8 [--sequences 32 64 128]
 """
 
 from __future__ import annotations
@@ -90,6 +97,47 @@ def step_tensors(sequences: int, prompt: int, response: int, layers: int, top_k:
         routes_update=update, routes_new=Routes(indices=new, layers=layer_ids, num_experts=experts))
 
 
+def trl_parts(sequences: int, parts: int, prompt: int, response: int, layers: int, top_k: int, experts: int):
+    """pi_old's routes as TRL's recorder leaves them: ``parts`` micro-batch parts of ``[b, L + 1, layers, k]`` ids (TRL
+    feeds the last completion token too) with margin, entropy and confidence, and each part's generation rows."""
+    import torch
+
+    from moestab.analysis.synthetic import route_chain
+    from moestab.routing import Routes
+
+    L = prompt + response  # input positions TRL's forward records
+    ids = torch.from_numpy(route_chain(sequences * L, layers, top_k, experts, length=1)[0]).view(sequences, L, layers,
+                                                                                               top_k)
+    gen = torch.Generator().manual_seed(0)
+    order = torch.randperm(sequences, generator=gen)  # each part's rows, as TRL shuffles the generation batch
+    rows = list(order.chunk(parts))
+    out = []
+    for r in rows:
+        stats = [torch.rand(len(r), L, layers, generator=gen) for _ in range(3)]  # [b, L, layers] each
+        out.append(Routes(indices=ids[r].clone(), layers=tuple(range(layers)), num_experts=experts, margin=stats[0],
+                          entropy=stats[1], confidence=stats[2]))
+    return out, rows
+
+
+def trl_child(args: argparse.Namespace, sequences: int) -> None:
+    """Hold pi_old's recorded parts and gather them as the TRL integration does; print the memory as JSON."""
+    from moestab.integrations.trl.cycle import gather_routes
+
+    imported = _rss()
+    parts, rows = trl_parts(sequences, args.trl_parts, args.prompt, args.response, args.layers, args.top_k,
+                            args.experts)
+    held = _rss()
+    if not _reset_peak():
+        raise SystemExit("this kernel does not let a process reset its peak memory (/proc/self/clear_refs)")
+    start = time.perf_counter()
+    gathered = gather_routes(parts, rows, sequences, args.prompt + args.response - 1)
+    took = time.perf_counter() - start
+    result = sum(t.numel() * t.element_size() for t in (gathered.indices, gathered.margin, gathered.entropy,
+                                                        gathered.confidence))
+    print(json.dumps({"tokens": sequences * args.response, "imported": imported, "held": held, "peak": _peak(),
+                      "result": result, "gather_s": took}))
+
+
 def child(args: argparse.Namespace, sequences: int, folder: str) -> None:
     """Hold one synthetic step and write its token table; print the memory as JSON."""
     from moestab.recording.step_records import write_step_tokens
@@ -112,6 +160,30 @@ def child(args: argparse.Namespace, sequences: int, folder: str) -> None:
                       "write_s": wrote, "file": size}))
 
 
+def _child_cmd(args: argparse.Namespace, sequences: int, folder: str) -> list[str]:
+    return [sys.executable, __file__, "--child", str(sequences), "--folder", folder,
+            *("--prompt", str(args.prompt), "--response", str(args.response), "--layers", str(args.layers)),
+            *("--top-k", str(args.top_k), "--experts", str(args.experts)),
+            *(("--trl-parts", str(args.trl_parts)) if args.trl_parts else ())]
+
+
+def trl_main(args: argparse.Namespace) -> None:
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; pi_old's routes of "
+          f"{args.sequences} sequences x ({args.prompt} prompt + {args.response} response) tokens in {args.trl_parts} "
+          f"parts, {args.layers} layers x top-{args.top_k} of {args.experts} experts")
+    print("| response tokens | parts held | peak while gathering | above the parts | gathered result | "
+          "parts per token | above the parts per token | gather (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    gib = 2**30
+    for sequences in args.sequences:
+        r = json.loads(subprocess.run(_child_cmd(args, sequences, "-"), check=True, capture_output=True,
+                                      text=True).stdout.splitlines()[-1])
+        parts, above = r["held"] - r["imported"], r["peak"] - r["held"]
+        print(f"| {r['tokens']:,} | {parts / gib:.2f} GiB | {r['peak'] / gib:.2f} GiB | {above / gib:.2f} GiB | "
+              f"{r['result'] / gib:.2f} GiB | {parts / r['tokens']:,.0f} B | {above / r['tokens']:,.0f} B | "
+              f"{r['gather_s']:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sequences", type=int, nargs="+", default=[32, 64, 128, 256])
@@ -122,11 +194,16 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--budget-gib", type=float, default=24.0)
     parser.add_argument("--tmp", default=None, help="folder for the temporary run folders")
+    parser.add_argument("--trl-parts", type=int, default=None,
+                        help="measure the TRL integration's gathering of pi_old's routes from this many parts instead")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args, args.child, args.folder)
+        trl_child(args, args.child) if args.trl_parts else child(args, args.child, args.folder)
+        return
+    if args.trl_parts:
+        trl_main(args)
         return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; steps of "
           f"{args.sequences} sequences x ({args.prompt} prompt + {args.response} response) tokens, {args.layers} "
@@ -137,10 +214,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         for sequences in args.sequences:
-            cmd = [sys.executable, __file__, "--child", str(sequences), "--folder", tmp,
-                   *("--prompt", str(args.prompt), "--response", str(args.response), "--layers", str(args.layers)),
-                   *("--top-k", str(args.top_k), "--experts", str(args.experts))]
-            r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+            r = json.loads(subprocess.run(_child_cmd(args, sequences, tmp), check=True, capture_output=True,
+                                          text=True).stdout.splitlines()[-1])
             rows.append(r)
             gib = 2**30
             print(f"| {r['tokens']:,} | {r['imported'] / gib:.2f} GiB | {r['held'] / gib:.2f} GiB | "

@@ -7,6 +7,7 @@ Python sets, and their clip flags against TRL's own logged clip ratio, which TRL
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import logging
 import re
@@ -36,6 +37,7 @@ from moestab.metrics import keys
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
 from moestab.models.embedded import save_policy
 from moestab.recording.measure_budget import MeasureBudget
+from moestab.recording.step_records import write_step_tokens
 from moestab.recording.trackers import PREFIX, scalars
 from moestab.routing import RecordingError, RoutingRecorder
 from moestab.run_folder import schema
@@ -285,6 +287,27 @@ def test_a_moestab_step_is_one_generation_batch(tmp_path):
     info = read_run_info(run_dir)
     assert trainer.state.global_step == 2 and info.planned_steps == info.last_step == 1
     assert [m["minibatches"] for m in load_metrics(run_dir).to_dict("records")] == [2]
+
+
+def test_a_cycles_recorded_parts_are_freed_before_its_table_is_built(tmp_path, monkeypatch):
+    """The step's table is built beside its tensors; the forwards' parts they were gathered from are gone by then
+    (released by reference count, not left to the garbage collector)."""
+    from moestab.integrations.trl import trainer as trl_trainer
+    from moestab.integrations.trl.cycle import CycleRecord
+
+    alive_at_write = []
+
+    def write(*args, **kwargs):
+        alive_at_write.append(sum(isinstance(o, CycleRecord) for o in gc.get_objects()))
+        return write_step_tokens(*args, **kwargs)
+
+    monkeypatch.setattr(trl_trainer, "write_step_tokens", write)
+    gc.disable()  # a cycle freed only by a collection would still count
+    try:
+        run_dir, _ = train_with_records(tmp_path, max_steps=4, steps_per_generation=2)
+    finally:
+        gc.enable()
+    assert alive_at_write == [0, 0] and read_run_info(run_dir).last_step == 2
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "mixtral"])

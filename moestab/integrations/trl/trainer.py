@@ -315,6 +315,7 @@ class TrlRecords:
         measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps,
                     **measured_metrics(m.measures)}
         metrics = step_metrics(t, replay="off", measured=measured)  # no updates: TRL logs its loss and grad norm
+        del cycle, m  # the recorded forwards' parts (all in t now) are freed before the table is built beside t
         write_step_tokens(self.writer, step, t, record_fraction=self.settings.record_fraction,
                           seed=int(self.trainer.args.seed) + step, layer_slots=self.layer_slots)
         write_step_metrics(self.writer, step, metrics)
