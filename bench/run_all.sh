@@ -60,6 +60,7 @@ run analysis-250k $PY bench/bench_analysis.py --versions 3 4 --rounds 1 --skip-m
 run analysis-4m $PY bench/bench_analysis.py --versions 3 4 --rounds 1 --skip-memory --tokens 4000000
 run recording-memory $PY bench/bench_recording_memory.py --sequences 32 64 128 256 512
 run trl-gather-memory $PY bench/bench_recording_memory.py --trl-parts 8 --sequences 32 64 128 256
+run route-codecs $PY bench/bench_route_codecs.py
 # Budget 1 against the code issue 28 measured, side by side (ratios of other days do not compare)
 run ab-2fa08e0 bash bench/ab_commit.sh 2fa08e0 3
 # moestab --help / --version / train --help start-up, against the commit before it was made light (issue 39.6)
