@@ -8,7 +8,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · Where routing changes about 5% per update: does it destabilise GRPO, and do replay or GSPO fix it?
+# # 07 · Where routing changes about 4% per update: does it destabilise GRPO, and do replay or GSPO fix it?
 #
 # Notebook 01's experiment did not test GSPO §5.3's claim: its routers changed 1.37% per update, against the paper's
 # ~10%. Issue 41 first searched, on reserved seeds, for a setting of the embedded MoE where at least 5% of the
@@ -145,7 +145,8 @@ fig.tight_layout()
 # ## Cost
 #
 # The registration estimated 15.2 core-hours. Measured: the sum over runs of created -> finished (one thread per run,
-# so run-hours are core-hours; the warm-started bases were cached by the search and are not counted).
+# so run-hours are core-hours). Not counted: the 30 warm-started bases of seeds 2000-2014, trained during the experiment
+# before each seed's first run.
 
 # %%
 hours = powered.run_hours(manifest)
