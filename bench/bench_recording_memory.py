@@ -200,7 +200,10 @@ def main() -> None:
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        trl_child(args, args.child) if args.trl_parts else child(args, args.child, args.folder)
+        if args.trl_parts:
+            trl_child(args, args.child)
+        else:
+            child(args, args.child, args.folder)
         return
     if args.trl_parts:
         trl_main(args)

@@ -158,10 +158,10 @@ def test_the_committed_manifest_is_every_run_of_the_design_created_after_its_reg
 def test_the_committed_results_are_what_the_committed_outcomes_give():
     outcomes = pd.read_csv(RESULTS / "outcomes.csv")
     manifest = pd.read_csv(RESULTS / "manifest.csv")
-    runs = {f"{'comparison' if lr == 5e-4 else 'edge'}/{arm}/" + (f"seed-{seed}" if lr == 5e-4 else
-                                                                     f"lr-{lr:g}_seed-{seed}")
-            for arm, lr, seed in outcomes[["arm", "lr", "seed"]].itertuples(index=False)}
-    assert runs == set(manifest["run"])  # one outcome row per run the manifest lists
+    folder = {(r.run_dir.parent.name, r.config.lr, r.values["seed"]): r.run_dir.relative_to("out").as_posix()
+              for r in powered.all_runs(_launcher().design_of("fine8-lr5e-4", None), "out")}  # the grid's own names
+    runs = [folder[row] for row in outcomes[["arm", "lr", "seed"]].itertuples(index=False, name=None)]
+    assert sorted(runs) == sorted(manifest["run"])  # one outcome row per run the manifest lists
     comparison = outcomes[outcomes["lr"] == 5e-4]
     pd.testing.assert_frame_equal(powered.contrasts(comparison), pd.read_csv(RESULTS / "contrasts.csv"),
                                   check_exact=False, rtol=1e-12)
