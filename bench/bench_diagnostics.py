@@ -9,7 +9,10 @@ Default: 1,000,000 response tokens x 48 MoE layers x top-8 of 128 experts = 48M 
    differences), on 1 and 2 threads;
 2. beside it, the kernel alone (``intersection_sizes``), the floor of any routing comparison;
 3. the optional parts apart: ``num_experts=`` (the trainer's load counted from its routes, for ``experts/max_vio``)
-   and an int32 payload (vLLM's / SGLang's width) converted on the way in.
+   and an int32 payload (vLLM's / SGLang's width) converted on the way in;
+4. with ``--parts``, on one thread, what the default call is made of: the repeated-expert check of each side
+   (``repeated_experts``) and, inside it, the copy of a side's ids to slot-major uint8 alone; the comparison
+   (``route_change_of``: the kernel and the counts) and the kernel alone; CPU ns a decision.
 
 Pairs (``moestab.analysis.synthetic.synthetic_routes``): *R3-level* (10% of decisions swap their k-th expert: R3's
 "~10% of routers") and *GSPO-level* (80% swap: 10% of activated experts). Target (docs/benchmarks.md): >= 100M
@@ -69,6 +72,27 @@ def time_case(a: np.ndarray, b: np.ndarray, logp_rollout: np.ndarray, logp_train
     return timed
 
 
+def time_parts(a: np.ndarray, b: np.ndarray, rounds: int) -> list[tuple[str, float]]:
+    """(part, CPU seconds) of each part of the default ``route_diagnostics`` call on one thread (``--parts``)."""
+    from moestab.metrics.routes import DEFAULT_BLOCK, intersection_sizes, repeated_experts, route_change_of
+
+    k = a.shape[2]
+    flat = a.reshape(-1, k)  # [decisions, k]
+
+    def slot_major() -> None:  # block by block, in cache, as repeated_experts copies them
+        for start in range(0, len(flat), DEFAULT_BLOCK):
+            flat[start:start + DEFAULT_BLOCK].T.astype(np.uint8, order="C")
+
+    parts = [
+        ("repeated-expert check, rollout side (`repeated_experts`)", lambda: repeated_experts(a)),
+        ("repeated-expert check, trainer side", lambda: repeated_experts(b)),
+        ("of which: one side's ids copied slot-major as uint8", slot_major),
+        ("comparison and counts (`route_change_of`)", lambda: route_change_of(a, b, threads=1)),
+        ("of which: the kernel (`intersection_sizes`)", lambda: intersection_sizes(a, b, threads=1)),
+    ]
+    return [(what, best(fn, rounds)[1]) for what, fn in parts]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=1_000_000)
@@ -78,6 +102,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--skip-extras", action="store_true", help="time only the default call and the kernel")
+    parser.add_argument("--parts", action="store_true", help="also time the default call's parts on one thread")
     args = parser.parse_args()
 
     from moestab.analysis.synthetic import synthetic_routes
@@ -91,16 +116,25 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f}; {args.tokens} tokens x {args.layers} layers x top-{args.top_k} of "
           f"{args.experts} = {decisions / 1e6:.0f}M decisions; best of {args.rounds}", file=sys.stderr)
     rows = []
+    parts = []
     for case, flip in CASES:
         a, b = synthetic_routes(args.tokens, args.layers, args.top_k, args.experts, flip=flip, reorder=0.05)
         timed = time_case(a, b, logp_rollout, logp_trainer, args)
         for what, threads, wall, cpu in timed:
             rows.append((case, what, threads, wall, cpu, decisions / wall / 1e6, decisions / cpu / 1e6))
+        if args.parts:
+            parts += [(case, what, cpu) for what, cpu in time_parts(a, b, args.rounds)]
         del a, b
     print("| pair | what | threads | wall (s) | CPU (s) | M decisions/s (wall) | M decisions/s (CPU) |")
     print("|---|---|---|---|---|---|---|")
     for case, what, threads, wall, cpu, rate, cpu_rate in rows:
         print(f"| {case} | {what} | {threads} | {wall:.3f} | {cpu:.3f} | {rate:.0f} | {cpu_rate:.0f} |")
+    if parts:
+        print()
+        print("| pair | part (one thread) | CPU ns a decision |")
+        print("|---|---|---|")
+        for case, what, cpu in parts:
+            print(f"| {case} | {what} | {cpu / decisions * 1e9:.2f} |")
 
 
 if __name__ == "__main__":

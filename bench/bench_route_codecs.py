@@ -4,9 +4,13 @@ The trade-off behind schema 4 (``moestab.run_folder.route_columns``): a route co
 its XOR with another at the R3-level and GSPO-level change rates (``bench/bench_analysis.py``'s ``CASES``, drawn by
 ``moestab.analysis.synthetic.route_chain``), each as a ``FixedSizeBinary(layers x top_k)`` column written by pyarrow
 with each codec. Printed per column and codec: bytes a decision (token x layer) on disk and the CPU time to read the
-column back into a NumPy byte array on one thread (best of ``--rounds``), in ns a decision.
+column back into a NumPy byte array on one thread (best of ``--rounds``), and to write it, in ns a decision.
 
-    .venv/bin/python bench/bench_route_codecs.py [--tokens 200000] [--codecs zstd lz4 snappy none]
+A codec is written ``NAME[:LEVEL][+bss]``: ``zstd`` is zstd at level 1 (what schema 4 writes), ``zstd:9`` at level 9,
+``+bss`` adds Parquet's BYTE_STREAM_SPLIT encoding (each byte position of the rows stored as its own stream, so the
+mostly-zero slots of an XOR column sit together).
+
+    .venv/bin/python bench/bench_route_codecs.py [--tokens 200000] [--codecs zstd lz4 none zstd:9 zstd+bss]
 """
 
 from __future__ import annotations
@@ -33,11 +37,27 @@ def column(ids: np.ndarray) -> pa.Table:
     return pa.table({"routes": pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), tokens, [None, data])})
 
 
-def measure(table: pa.Table, codec: str, folder: Path, rounds: int, decisions: int) -> tuple[float, float]:
-    """(bytes a decision on disk, best CPU ns a decision to read it back to a NumPy byte array, one thread)."""
-    path = folder / f"{codec}.parquet"
-    pq.write_table(table, path, compression=codec, use_dictionary=False, **(
-        {"compression_level": 1} if codec == "zstd" else {}))
+def write_options(spec: str) -> dict:
+    """``pyarrow.parquet.write_table`` settings of a codec spec ``NAME[:LEVEL][+bss]`` (module docstring)."""
+    name, bss = (spec[:-4], True) if spec.endswith("+bss") else (spec, False)
+    codec, _, level = name.partition(":")
+    options: dict = {"compression": codec, "use_dictionary": False}
+    if level or codec == "zstd":
+        options["compression_level"] = int(level or 1)
+    if bss:
+        options["column_encoding"] = {"routes": "BYTE_STREAM_SPLIT"}
+    return options
+
+
+def measure(table: pa.Table, codec: str, folder: Path, rounds: int, decisions: int) -> tuple[float, float, float]:
+    """(bytes a decision on disk, best CPU ns a decision to read it back to a NumPy byte array, one thread, and to
+    write it, best of the same rounds)."""
+    path = folder / "column.parquet"
+    written = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        pq.write_table(table, path, **write_options(codec))
+        written = min(written, time.process_time() - start)
     best = float("inf")
     for _ in range(rounds):
         start = time.process_time()
@@ -46,7 +66,7 @@ def measure(table: pa.Table, codec: str, folder: Path, rounds: int, decisions: i
         best = min(best, time.process_time() - start)
     if not np.array_equal(values, np.frombuffer(table.column(0).chunk(0).buffers()[1], np.uint8)):
         raise SystemExit(f"{codec}: the column did not read back as written")
-    return path.stat().st_size / decisions, best / decisions * 1e9
+    return path.stat().st_size / decisions, best / decisions * 1e9, written / decisions * 1e9
 
 
 def main() -> None:
@@ -55,7 +75,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--experts", type=int, default=128)
-    parser.add_argument("--codecs", nargs="+", default=["zstd", "lz4", "snappy", "none"])
+    parser.add_argument("--codecs", nargs="+", default=["zstd", "lz4", "snappy", "none", "zstd:3", "zstd:9",
+                                                         "zstd+bss", "zstd:9+bss"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     from moestab.analysis.synthetic import route_chain
@@ -63,8 +84,8 @@ def main() -> None:
     decisions = args.tokens * args.layers
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.tokens:,} tokens x "
           f"{args.layers} layers x top-{args.top_k} of {args.experts}; read on one thread, best of {args.rounds}")
-    print("| column | codec | disk, B a decision | read, CPU ns a decision |")
-    print("|---|---|---|---|")
+    print("| column | codec | disk, B a decision | read, CPU ns a decision | write, CPU ns a decision |")
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         columns: dict[str, np.ndarray] = {}
         for case, (flip, reorder) in CASES.items():
@@ -75,8 +96,8 @@ def main() -> None:
         for name, ids in columns.items():
             table = column(ids)
             for codec in args.codecs:
-                size, read = measure(table, codec, Path(tmp), args.rounds, decisions)
-                print(f"| {name} | {codec} | {size:.2f} | {read:.2f} |", flush=True)
+                size, read, write = measure(table, codec, Path(tmp), args.rounds, decisions)
+                print(f"| {name} | {codec} | {size:.2f} | {read:.2f} | {write:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
