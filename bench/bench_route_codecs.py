@@ -10,7 +10,7 @@ A codec is written ``NAME[:LEVEL][+bss]``: ``zstd`` is zstd at level 1 (what sch
 ``+bss`` adds Parquet's BYTE_STREAM_SPLIT encoding (each byte position of the rows stored as its own stream, so the
 mostly-zero slots of an XOR column sit together).
 
-    .venv/bin/python bench/bench_route_codecs.py [--tokens 200000] [--codecs zstd lz4 none zstd:9 zstd+bss]
+    .venv/bin/python bench/bench_route_codecs.py [--tokens 200000] [--codecs zstd lz4 none zstd:9 brotli+bss]
 """
 
 from __future__ import annotations
@@ -35,6 +35,17 @@ def column(ids: np.ndarray) -> pa.Table:
     tokens, width = ids.shape[0], ids.shape[1] * ids.shape[2]
     data = pa.py_buffer(np.ascontiguousarray(ids).tobytes())
     return pa.table({"routes": pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), tokens, [None, data])})
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def write_options(spec: str) -> dict:
@@ -76,14 +87,16 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--codecs", nargs="+", default=["zstd", "lz4", "snappy", "none", "zstd:3", "zstd:9",
-                                                         "zstd+bss", "zstd:9+bss"])
+                                                         "zstd:19", "zstd+bss", "zstd:9+bss", "zstd:19+bss",
+                                                         "brotli", "brotli+bss", "brotli:11+bss", "gzip:9+bss"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     from moestab.analysis.synthetic import route_chain
 
     decisions = args.tokens * args.layers
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.tokens:,} tokens x "
-          f"{args.layers} layers x top-{args.top_k} of {args.experts}; read on one thread, best of {args.rounds}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; "
+          f"{args.tokens:,} tokens x {args.layers} layers x top-{args.top_k} of {args.experts}; read on one thread, "
+          f"best of {args.rounds}")
     print("| column | codec | disk, B a decision | read, CPU ns a decision | write, CPU ns a decision |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,6 +111,7 @@ def main() -> None:
             for codec in args.codecs:
                 size, read, write = measure(table, codec, Path(tmp), args.rounds, decisions)
                 print(f"| {name} | {codec} | {size:.2f} | {read:.2f} | {write:.1f} |", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
