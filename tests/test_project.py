@@ -58,6 +58,10 @@ def test_ci_runs_every_tier_and_the_install_check_and_setup_installs_the_lock():
     for tier in ("newest", "oldest", "verl"):
         assert f"bash scripts/test_tier.sh --discard {tier}" in ci  # CI's disk holds .venv and one tier at a time
     assert ".venv/bin/python scripts/check_installs.py" in ci
+    from moestab.train.vllm_support import CPU_RELEASES
+
+    # the real vLLM engine's tests run at a release moestab accepts (they skip at any other)
+    assert any(line == f"bash scripts/test_tier.sh --discard vllm {r}" for line in ci for r in CPU_RELEASES)
     assert "-c constraints.txt" in (ROOT / "scripts" / "setup.sh").read_text()
     # passed tests' run folders are not kept (gigabytes per run, which filled CI's disk before the tiers ran)
     pytest_options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]

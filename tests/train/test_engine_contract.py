@@ -197,8 +197,10 @@ def test_real_vllm_path_on_a_gpu():
                         eos_token_id=tokenizer.eos_token_id)
 
 
-def test_train_refuses_vllm_without_it_before_writing_anything(tmp_path, capsys):
+def test_train_refuses_vllm_without_it_before_writing_anything(tmp_path, capsys, monkeypatch):
     from moestab.cli import main
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # vLLM absent, even in the tier that installs it
 
     out = tmp_path / "run"
     assert main(["train", "--rollout-engine", "vllm", "--device", "cpu", "--steps", "1", "--out", str(out)]) == 2

@@ -173,3 +173,31 @@ def test_bf16_replaying_vllms_routes_brings_the_trainer_closer_to_vllm():
         assert r3_gap[tokens].mean() < free_gap[tokens].mean(), (
             f"layer {layer}: R3 {r3_gap[tokens].mean():.3e} vs free {free_gap[tokens].mean():.3e} nats over "
             f"{int(tokens.sum())} tokens")
+
+
+@pytest.mark.parametrize("model", ["embedded", "embedded:fine"])
+@pytest.mark.parametrize("replay", ["off", "rollout", "old"])
+def test_train_with_vllm_rollouts(tmp_path, model, replay):
+    """``moestab train --rollout-engine vllm`` end to end for both embedded models and the three replay modes it
+    offers, in float32: vLLM's routes are the trainer's own (rollout vs free pi_old, every decision), and under R3 the
+    ratio sees exactly vLLM's experts."""
+    from moestab.cli import main
+    from moestab.metrics import keys
+    from moestab.run_folder.reader import load_metrics, read_run_info
+
+    out = tmp_path / "run"
+    code = main(["train", "--rollout-engine", "vllm", "--device", "cpu", "--model", model, "--routing-replay", replay,
+                 "--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--minibatches", "2",
+                 "--eval-size", "8", "--warm-start-max-steps", "0", "--measure-every", "1", "--threads", "1",
+                 "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
+    assert code == 0
+    assert read_run_info(out).status == "finished"
+    metrics = load_metrics(out)
+    assert list(metrics["step"]) == [1, 2]
+    free = keys.ROUTING_CHANGED.format(pair="rollout_old_free")
+    used = keys.ROUTING_CHANGED.format(pair="rollout_old")
+    pair_free = free if free in metrics else used  # without replay the ratio's pi_old is the free one
+    assert (metrics[pair_free] == 0).all(), metrics[pair_free].tolist()  # fp32 vLLM routes as the trainer does
+    if replay == "rollout":
+        assert (metrics[used] == 0).all()
+    assert (metrics[keys.MISMATCH_K3.format(pair="rollout_old")] < 1e-8).all()
