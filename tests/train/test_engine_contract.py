@@ -209,3 +209,16 @@ def test_train_refuses_vllm_without_it_before_writing_anything(tmp_path, capsys,
     assert not out.exists()
     assert main(["train", "--rollout-engine", "vllm", "--routing-replay", "rollout-gates", "--out", str(out)]) == 2
     assert "which vLLM does not return; use --rollout-engine hf for TRR" in capsys.readouterr().err
+
+
+def test_no_moestab_module_imports_vllm_until_an_engine_is_built():
+    """moestab's core, the vLLM engine's own modules included, import vLLM only in ``require_vllm`` and when an
+    engine is built (meaningful in the vllm tier, where vLLM is installed)."""
+    import subprocess
+
+    modules = ["moestab.cli", "moestab.train.loop", "moestab.train.vllm_engine", "moestab.train.vllm_support",
+               "moestab.train.vllm_worker", "moestab.routes_in", "moestab.analysis"]
+    code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint(sorted(m for m in sys.modules if m == 'vllm' " \
+           "or m.startswith('vllm.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -94,6 +94,33 @@ def test_weights_reach_vllm_with_each_sync(fp32):
         engine.sync_weights()
 
 
+def test_vllms_own_reload_needs_moestabs_repack_on_the_cpu(fp32):
+    """Why moestab.train.vllm_worker exists: vLLM's in-place reload alone leaves the CPU MoE kernel reading unpacked
+    expert weights (and a tied output embedding stale). When a release fixes that, this fails: drop the re-pack."""
+    from pathlib import Path
+
+    from moestab.train.vllm_engine import write_weights
+
+    model, tokenizer, engine = fp32
+    ids = tokenizer("12+34=46", add_special_tokens=False).input_ids
+    before = copy.deepcopy(model.state_dict())
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".experts." in name:
+                    p.add_(0.05 * torch.randn_like(p))
+        folder = Path(engine._snapshot.name)
+        write_weights(model, model.state_dict(), folder)
+        engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        engine.llm.reset_prefix_cache()
+        assert (vllm_sequence_logp(engine, ids) - model_logp(model, ids)).abs().max() > 0.05
+        assert engine.llm.collective_rpc("moestab_cpu_expert_layers") == [len(find_routers(model))]
+    finally:
+        model.load_state_dict(before)
+        engine.sync_weights()
+    assert (vllm_sequence_logp(engine, ids) - model_logp(model, ids)).abs().max() < FP32_LOGP_TOL
+
+
 def test_fp32_routes_are_the_trainers_at_every_decision_and_a_shift_is_caught(fp32):
     model, tokenizer, engine = fp32
     sites = find_routers(model)
