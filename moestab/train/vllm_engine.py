@@ -133,18 +133,17 @@ class VLLMRolloutEngine:
         self.layers = tuple(s.layer for s in sites)
         self.num_experts = sites[0].num_experts
         self.decoder_layers = int(model.config.get_text_config().num_hidden_layers)
-        self._snapshot: tempfile.TemporaryDirectory | None = None
+        # The folder the weights travel through: the first snapshot vLLM loads, then each sync's weights.
+        self._snapshot: tempfile.TemporaryDirectory | None = tempfile.TemporaryDirectory(prefix="moestab-vllm-")
         self._owns_llm = llm is None
         if llm is None:
-            llm = self._build(model, tokenizer, dtype or model.dtype)
+            llm = self._build(model, tokenizer, dtype or model.dtype, Path(self._snapshot.name))
         self.llm = llm
 
-    def _build(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype):
+    def _build(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype, folder: Path):
         import vllm
 
         world = world_from_env()
-        self._snapshot = tempfile.TemporaryDirectory(prefix="moestab-vllm-")
-        folder = Path(self._snapshot.name)
         write_weights(model, full_state_dict(model), folder)  # a collective if sharded
         tokenizer.save_pretrained(folder)
         options: dict = {}
@@ -153,7 +152,7 @@ class VLLMRolloutEngine:
             # ("external_launcher": vLLM joins the launcher's processes instead of spawning workers).
             options["distributed_executor_backend"] = "external_launcher"
         if next(model.parameters()).device.type == "cpu":
-            options["enforce_eager"] = True  # torch.compile of the CPU graphs costs minutes for no gain at this size
+            options["enforce_eager"] = True  # the mode tests/vllm runs; vLLM's torch.compile on the CPU is not tried
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 options["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         return vllm.LLM(model=str(folder), dtype=_DTYPE_NAMES[dtype], seed=world.rank,
@@ -164,13 +163,11 @@ class VLLMRolloutEngine:
     def sync_weights(self) -> None:
         """Push the trainer's current weights to every vLLM worker, then drop vLLM's cached prompt states (computed
         with the old weights). With a sharded policy this gathers the weights: every process calls it."""
-        weights = full_state_dict(self.policy)
-        if self._snapshot is None:  # a stand-in built by a test: it takes the tensors
-            self.llm.collective_rpc("moestab_sync_weights", args=(weights,))
-        else:
-            folder = Path(self._snapshot.name)
-            write_weights(self.policy, weights, folder)
-            self.llm.collective_rpc("moestab_sync_weights", args=(str(folder),))
+        if self._snapshot is None:
+            raise RuntimeError("this vLLM engine is closed")
+        folder = Path(self._snapshot.name)
+        write_weights(self.policy, full_state_dict(self.policy), folder)  # a collective if sharded
+        self.llm.collective_rpc("moestab_sync_weights", args=(str(folder),))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
