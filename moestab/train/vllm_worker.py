@@ -17,6 +17,9 @@ Imported by vLLM's worker processes only: nothing here imports vLLM at module le
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 
 
@@ -34,7 +37,7 @@ class WeightSync:
         return sum(1 for _ in _cpu_expert_layers(self.model_runner.get_model()))
 
 
-def _cpu_expert_layers(model: torch.nn.Module):
+def _cpu_expert_layers(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, Any]]:
     """``(layer, experts_kernel)`` for every MoE layer whose unquantized method runs on vLLM's CPU backend."""
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
