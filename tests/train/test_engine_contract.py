@@ -222,3 +222,13 @@ def test_no_moestab_module_imports_vllm_until_an_engine_is_built():
            "or m.startswith('vllm.')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+@pytest.mark.parametrize("precision", [{"dtype": "float64"}, {"rollout_dtype": "float64"}])
+def test_vllm_in_float64_is_refused_when_the_settings_are_read(precision):
+    from moestab.configs import ConfigError
+    from moestab.train import TrainConfig
+
+    with pytest.raises(ConfigError, match="vLLM samples in float32, bfloat16 or float16, not float64"):
+        TrainConfig(rollout_engine="vllm", **precision)
+    TrainConfig(rollout_engine="vllm", dtype="float64", rollout_dtype="float32")  # an fp64 trainer, fp32 vLLM: fine
