@@ -157,16 +157,20 @@ def _max_vio(folder: Path) -> list[float]:
 
 
 def test_the_load_balancing_loss_spreads_the_load_and_is_in_the_key(tmp_path):
-    """40 warm-start steps of the default shape with and without the balancing loss (Switch's 0.01): every layer's
-    busiest expert ends nearer the mean with it (measured: max_vio 2.1-3.0 without, 1.5-1.8 with)."""
+    """40 warm-start steps of the default shape with and without the balancing loss (Switch's 0.01): the load ends
+    spread more evenly with it, over the layers together and in the layer that was worst without it. Not per layer:
+    which layer is balanced after 40 steps depends on the CPU's fp32 kernels (AMD EPYC: max_vio 2.1-3.0 without,
+    1.5-1.8 with, every layer lower; Intel Xeon, 2026-11-29: layer 1 1.79 without and 1.82 with, the sum 9.69 vs
+    7.18)."""
     task = task_from_spec("arithmetic")
     shape = {"model": EmbeddedModelSpec(), "max_steps": 40, "batch_size": 64, "eval_every": 1000, "seed": 100}
     plain, _ = warm_start(spec(**shape), task, tmp_path, log=lambda s: None)
     balanced, record = warm_start(spec(**shape, aux_loss_coef=0.01), task, tmp_path, log=lambda s: None)
     assert record["spec"]["aux_loss_coef"] == 0.01
     without, with_loss = _max_vio(plain), _max_vio(balanced)
-    assert all(b < a for a, b in zip(without, with_loss, strict=True)), (without, with_loss)
-    assert sum(with_loss) < 0.85 * sum(without)
+    assert sum(with_loss) < 0.85 * sum(without), (without, with_loss)
+    worst = max(range(len(without)), key=without.__getitem__)
+    assert with_loss[worst] < without[worst], (without, with_loss)
     # Off, the coefficients leave the key as it was before they existed (older cache entries stay valid).
     assert spec(aux_loss_coef=0.0, z_loss_coef=0.0).key() == spec().key()
     assert len({spec().key(), spec(aux_loss_coef=0.01).key(), spec(z_loss_coef=0.001).key()}) == 3
