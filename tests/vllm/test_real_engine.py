@@ -167,14 +167,32 @@ def test_the_importer_and_routes_from_vllm_read_real_request_outputs(fp32):
         row = imported.routes.indices[i]
         got = row[(row >= 0).all(-1).all(-1)].sort(-1).values  # the positions the import filled, in order
         assert torch.equal(got, trainer), f"request {i}: imported routes are not the trainer's"
-    routes = routes_from_vllm([o.outputs[0].routed_experts for o in outputs], [None] * len(outputs),
-                              prompt_lens=[len(p) for p in prompts],
-                              response_lens=[len(o.outputs[0].token_ids) for o in outputs],
-                              prompt_width=max(len(p) for p in prompts),
-                              length=max(len(p) for p in prompts) + 4, layers=layers,
-                              decoder_layers=len(layers), num_experts=sites[0].num_experts)
-    assert int((routes.indices >= 0).all(-1).all(-1).sum()) == sum(len(p) + len(o.outputs[0].token_ids) - 1
-                                                                   for p, o in zip(prompts, outputs, strict=True))
+    def placed(shift: int):
+        """vLLM's raw arrays (each rolled ``shift`` tokens: a capture misaligned by that much) through
+        ``routes_from_vllm``, and the trainer's routes at the same places."""
+        routes = routes_from_vllm([np.roll(o.outputs[0].routed_experts, shift, axis=0) for o in outputs],
+                                  [None] * len(outputs), prompt_lens=[len(p) for p in prompts],
+                                  response_lens=[len(o.outputs[0].token_ids) for o in outputs],
+                                  prompt_width=max(len(p) for p in prompts),
+                                  length=max(len(p) for p in prompts) + 4, layers=layers,
+                                  decoder_layers=len(layers), num_experts=sites[0].num_experts)
+        real = (routes.indices >= 0).all(-1).all(-1)  # [B, L]
+        return routes.indices[real].numpy(), real
+
+    ours, real = placed(0)
+    assert int(real.sum()) == sum(len(p) + len(o.outputs[0].token_ids) - 1 for p, o in zip(prompts, outputs,
+                                                                                           strict=True))
+    width = max(len(p) for p in prompts)
+    trainer = np.full((len(prompts), width + 4, len(layers), sites[0].top_k), -1, np.int16)  # [B, L, layers, k]
+    for i, (ids, out) in enumerate(zip(prompts, outputs, strict=True)):
+        tokens = ids + list(out.outputs[0].token_ids)
+        with torch.no_grad(), RoutingRecorder(model, margin=False, entropy=False) as rec:
+            model(input_ids=torch.tensor([tokens[:-1]]))
+        trainer[i, width - len(ids): width - len(ids) + len(tokens) - 1] = rec.routes.indices[0].numpy()
+    theirs = trainer[real.numpy()]
+    assert route_change_of(ours, theirs)["changed"][0] == 0.0
+    shifted, _ = placed(1)  # a planted fault in vLLM's own arrays, before moestab places them
+    assert route_change_of(shifted, theirs)["changed"][0] > 0.3
 
 
 @supported
