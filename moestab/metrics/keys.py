@@ -53,6 +53,7 @@ ROUTING_SHARE = "routing share"
 DIAGNOSTICS = "diagnostics"
 REPLAYED = "replayed"
 BUDGET = "budget"
+BASE_ROUTES = "base routes"
 CONDITIONS: dict[str, str] = {
     PHASE_TIMES: "the trainer times its rollout and its updates apart (`moestab train`)",
     REWARDS: "the trainer knows each sequence's reward and correctness (`moestab train`; TRL's micro-batches hold "
@@ -72,6 +73,8 @@ CONDITIONS: dict[str, str] = {
             "`--measure-every` > 1; the TRL integration: `RecordSettings(budget=...)`); the sampled keys are absent "
             "on an unmeasured step",
     REPLAYED: "the updates replay routes (`--routing-replay old`, `rollout`, `rollout-gates` or `base`)",
+    BASE_ROUTES: "`--measure-base-routes` (`moestab train`: one more no-grad forward of the warm-started base per "
+                 "step)",
     DIAGNOSTICS: "the step was written by the diagnostics call for any trainer (`moestab.recording.diagnostics`, "
                  "docs/integrations.md): another framework's rollout and trainer routes, no `moestab train` step",
 }
@@ -388,6 +391,15 @@ HISTORY_KEPT_SOLVED = _row("sampling/history_kept_solved", FLOAT, "moestab.train
                            "solved prompts kept because replacement draws ran dry", when=(HISTORY,), computed=False)
 EVAL_ACCURACY = _row("eval/accuracy", FLOAT, "moestab.train.evaluate.greedy_accuracy", "greedy accuracy on the "
                      "fixed eval set", when=(EVAL,), computed=False)
+ROUTING_BASE_CHANGED = _row("routing/base_rollout/changed", FLOAT, "moestab.train.route_bases.base_route_distance",
+                            "slot-level changed fraction between the rollout's routes and those the warm-started base "
+                            "chooses for the same tokens (free routing, the trainer's dtype): how far routing has "
+                            "moved from the base; at step 1, where the policy is the base, the rollout -> trainer gap "
+                            "alone", "routing", when=(BASE_ROUTES,), computed=False)
+ROUTING_BASE_CHANGED_BY_LAYER = _row("routing/base_rollout/changed_by_layer", PER_LAYER,
+                                     "moestab.train.route_bases.base_route_distance",
+                                     "`routing/base_rollout/changed` per MoE layer", "routing", when=(BASE_ROUTES,),
+                                     computed=False)
 
 # ---- what the metric functions return, by the names of moestab.metrics -> the key (pattern) ----------------------
 ROUTE_CHANGE_KEYS = {"changed": ROUTING_CHANGED, "router_flip": ROUTING_ROUTER_FLIP, "token_flip": ROUTING_TOKEN_FLIP,

@@ -9,6 +9,7 @@ names the CPU so a reader knows which figures to expect bit for bit, and which o
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import torch
 import transformers
 
 CPUINFO = Path("/proc/cpuinfo")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""The ``moestab`` package folder whose code is running: its git checkout, if any, is the code's provenance."""
 
 VECTOR_FLAG_PREFIXES = ("avx", "amx", "fma", "asimd", "sve")
 """The /proc/cpuinfo flags kept: the vector and matrix extensions fp32 and bf16 kernels dispatch on (x86, Arm)."""
@@ -47,8 +50,32 @@ def cpu() -> dict[str, Any]:
     return {**found, "machine": platform.machine() or None, "capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def _git(args: list[str], where: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung: the provenance is unknown, not an error
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def code(package: Path | None = None) -> dict[str, Any]:
+    """Which code is running: ``commit`` (the git commit of the checkout ``package`` lives in) and ``dirty`` (whether
+    a tracked file of that checkout differs from the commit); both ``None`` when the package is not in a moestab
+    checkout of its own (an installed wheel, or a checkout without git). A checkout counts only when ``package`` is its
+    top-level ``moestab/`` folder, so a wheel installed in a virtual environment inside another project's repository
+    does not report that project's commit."""
+    package = (package or PACKAGE_DIR).resolve()
+    top = _git(["rev-parse", "--show-toplevel"], package)
+    if top is None or Path(top).resolve() / "moestab" != package:
+        return {"commit": None, "dirty": None}
+    commit = _git(["rev-parse", "HEAD"], package)
+    status = _git(["status", "--porcelain", "--untracked-files=no"], package)
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
 def environment(**extra: Any) -> dict[str, Any]:
-    """run.json's ``environment``: torch's CPU threads, torch's and transformers' versions, the CPU, then ``extra``
-    (the trainer's own: ``world_size``, ``trl``, ``measure_rule``...)."""
+    """run.json's ``environment``: torch's CPU threads, torch's and transformers' versions, the CPU, the code's commit
+    (:func:`code`), then ``extra`` (the trainer's own: ``world_size``, ``trl``, ``measure_rule``...)."""
     return {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "cpu": cpu(), **extra}
+            "transformers": transformers.__version__, "cpu": cpu(), "code": code(), **extra}

@@ -55,6 +55,16 @@ class TrainConfig:
     updates and learns nothing); base (routing-constant control: every forward, generation and evaluation included,
     uses the experts the frozen warm-started base chooses for the same tokens, so routing never changes while the
     weights, gate weights included, train; HF engine and one process only)."""
+    base_refresh_every: int = 0
+    """With routing_replay base: where the experts every forward uses come from. 0 (default): the frozen warm-started
+    base, never refreshed (routing-constant). K >= 1: a frozen copy of the policy that takes the policy's weights at the
+    start of steps 1, K + 1, 2K + 1, ..., so routing is held within each window of K steps and moves between windows;
+    K = 1 routes every forward of a step as pi_old routes (issue 52's dose-response between R2 and routing-constant).
+    Each refresh's weights are saved as a checkpoint (steps K, 2K, ...), which --resume restores the copy from."""
+    measure_base_routes: bool = False
+    """Log how far the rollout's routes are from the routes the warm-started base chooses for the same tokens
+    (routing/base_rollout/*): one more no-grad forward of the base per step, the base kept in memory beside the
+    policy. The weights and every other metric are unchanged. One process only."""
     replay_score_ratio: float = 0.0
     """Score-threshold replay (prime-rl PR #2703), with routing_replay old or rollout: in the updates a replayed expert
     is kept only when the trainer's router scores it at least this ratio of its weakest own top-k score; rejected slots
@@ -246,6 +256,12 @@ class TrainConfig:
         if self.rollout_engine == "vllm" and (self.rollout_dtype or self.dtype) == "float64":
             raise ConfigError("rollout_dtype: vLLM samples in float32, bfloat16 or float16, not float64; set "
                               "--rollout-dtype, or use --rollout-engine hf")
+        if self.base_refresh_every and self.routing_replay not in BASE_ROUTED_MODES:
+            raise ConfigError(f"base_refresh_every: {self.base_refresh_every} refreshes the frozen copy that "
+                              f"--routing-replay base routes by; with routing_replay {self.routing_replay} there is "
+                              "none (use --routing-replay base, or leave base_refresh_every at 0)")
+        if self.measure_base_routes and self.nproc != 1:
+            raise ConfigError(f"measure_base_routes: the base's forward runs in one process; got nproc {self.nproc}")
         if self.routing_replay in BASE_ROUTED_MODES and (self.rollout_engine != "hf" or self.nproc != 1):
             raise ConfigError(f"routing_replay: {self.routing_replay} routes every forward as the frozen base, which "
                               f"the HF engine in one process does; got rollout_engine {self.rollout_engine}, "
@@ -259,7 +275,8 @@ class TrainConfig:
         check_at_most("prompts_per_step*group_size", self.prompts_per_step * self.group_size, MAX_STEP_SEQUENCES,
                       f"sequences in one step's rollout: {self.prompts_per_step} prompts x {self.group_size}")
         check_at_most("eval_size", self.eval_size, MAX_EVAL_SIZE, "held-out prompts generated at every eval")
-        for name in ("warm_start_max_steps", "max_zero_advantage_steps", "dynamic_sampling_rounds"):
+        for name in ("warm_start_max_steps", "max_zero_advantage_steps", "dynamic_sampling_rounds",
+                     "base_refresh_every"):
             check_at_least(name, getattr(self, name), 0)
         if self.overlong_cache is not None:
             check_at_least("overlong_cache", self.overlong_cache, 0)

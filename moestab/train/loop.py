@@ -58,6 +58,7 @@ from moestab.train.recipe import (
     step_settings,
 )
 from moestab.train.rollout import BaseRoutedEngine
+from moestab.train.route_bases import RouteBases, base_route_distance, build_route_bases
 from moestab.train.run_lifetime import NothingToLearnError, TrainingError, TrainRun
 from moestab.train.step import extra_examples, run_step, step_examples, step_seed
 
@@ -190,8 +191,9 @@ class _Policy:
     warm: dict | None
     """The warm start's record (``None`` for a given model)."""
     record_slots: list[int]
-    route_base: PreTrainedModel | None
-    """The frozen base every forward routes as (``--routing-replay base``), else None."""
+    bases: RouteBases
+    """The frozen models every forward routes as (``--routing-replay base``) and the rollout's routes are measured
+    against (``--measure-base-routes``)."""
     model_info: ModelInfo
     checkpoint_bytes: int
     """What a checkpoint needs on disk: the weights and AdamW's two moments."""
@@ -213,11 +215,10 @@ def _set_up(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ref_model = load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
-    route_base = None
-    if config.routing_replay in schema.BASE_ROUTED_MODES:  # the reference policy is the same frozen base
-        route_base = ref_model if ref_model is not None else load_policy(base_path, dtype, device).eval()
-        route_base.requires_grad_(False)
-        BaseRouting(model, route_base)  # both models' routers checked here, before the run opens
+    bases = build_route_bases(config, folder, start_step, base_path, ref_model,
+                              lambda path: load_policy(path, dtype, device))
+    if bases.route is not None:
+        BaseRouting(model, bases.route)  # both models' routers checked here, before the run opens
     if not is_embedded(config.model):  # the embedded policy's family was checked before its warm start
         check_recording(model)
     slots = record_slots(model, config.record_layers)
@@ -236,7 +237,7 @@ def _set_up(
     if start_step:
         loop_state = restore_training_state(folder, start_step, model, optimizer)
     history = SolvedPrompts.from_state(loop_state) if config.history_resampling else None
-    return _Policy(model, tokenizer, ref_model, optimizer, history, base_path, warm, slots, route_base, info,
+    return _Policy(model, tokenizer, ref_model, optimizer, history, base_path, warm, slots, bases, info,
                    checkpoint_bytes)
 
 
@@ -258,7 +259,7 @@ class _Steps:
         """How the policy routes outside the trainer's own forwards (generation, evaluation): as the frozen base
         under ``--routing-replay base``, freely otherwise."""
         p = self.policy
-        return nullcontext() if p.route_base is None else BaseRouting(p.model, p.route_base, verify=False)
+        return nullcontext() if p.bases.route is None else BaseRouting(p.model, p.bases.route, verify=False)
 
     def evaluate(self) -> float:
         p = self.policy
@@ -302,7 +303,8 @@ class _Steps:
                                 gates=config.routing_replay in schema.GATE_REPLAY_MODES)
         try:
             self._steps(start_step, start_accuracy,
-                        engine if p.route_base is None else BaseRoutedEngine(engine, p.route_base), report, progress)
+                        engine if p.bases.route is None else BaseRoutedEngine(engine, p.bases.route), report,
+                        progress)
         finally:
             close_engine(engine)
 
@@ -332,6 +334,8 @@ class _Steps:
         """One step: sample, update, record (tokens before metrics), evaluate and save when due; its metrics."""
         config, world, main, p = self.config, self.world, self.main, self.policy
         writer, history = self.run.writer, p.history
+        if p.bases.refreshes_at(step):
+            p.bases.refresh(p.model)
         seed = step_seed(config.seed, step)
         torch.manual_seed(rank_seed(seed, world.rank))
         examples, skipped = self._examples(step, seed)
@@ -346,6 +350,9 @@ class _Steps:
             draw_more=lambda r, draw=draw_more: draw(r)[share], world=world, measured=measured,
         )
         metrics.update(skipped)
+        if p.bases.distance is not None:
+            metrics.update(base_route_distance(p.bases.distance, tensors, temperature=config.temperature,
+                                               chunk=max(1, tensors.batch.batch_size // config.minibatches)))
         if history is not None:  # rank 0 holds the whole step: every rank keeps the same history
             solved = world.broadcast((tensors.examples, tensors.correct) if main else None)
             history.record(*solved, config.group_size)
@@ -357,7 +364,7 @@ class _Steps:
         if main:
             write_step_metrics(writer, step, metrics)
             report(metrics, step)
-        if step % config.save_every == 0 or step == config.steps:
+        if step % config.save_every == 0 or step == config.steps or p.bases.saves_at(step):
             self.save(step)
         if main:
             writer.update(last_step=step)  # after its checkpoint: the step is complete

@@ -64,6 +64,9 @@ RUNS = {
     "dapo-history-aux": ({"steps": 2, "algo": "dapo", "history_resampling": True, "router_aux_loss_coef": 0.1,
                           "max_zero_advantage_steps": 0, "eval_every": 2},
                          {keys.OVERLONG, keys.DYNAMIC_SAMPLING, keys.HISTORY, keys.ROUTER_AUX}, {2}),
+    "refreshed-base-measured": ({"steps": 2, "routing_replay": "base", "base_refresh_every": 1,
+                                 "measure_base_routes": True, "eval_every": 2},
+                                {keys.REPLAYED, keys.BASE_ROUTES}, {2}),
 }
 
 

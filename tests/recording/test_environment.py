@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import torch
 
 from moestab.recording import environment as env
@@ -46,3 +48,42 @@ def test_the_environment_holds_the_cpu_and_the_trainers_own(tmp_path, monkeypatc
     out = env.environment(world_size=2)
     assert out["cpu"]["model"] == "Intel(R) Xeon(R) Platinum 8480+" and out["world_size"] == 2
     assert (out["torch"], out["torch_threads"]) == (torch.__version__, torch.get_num_threads())
+
+
+def _git(where, *args):
+    subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True)
+
+
+def test_the_code_is_its_checkouts_commit_and_whether_a_tracked_file_changed(tmp_path):
+    checkout = tmp_path / "repo"
+    (checkout / "moestab").mkdir(parents=True)
+    (checkout / "moestab" / "__init__.py").write_text("")
+    _git(checkout, "init", "-q")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert env.code(checkout / "moestab") == {"commit": head, "dirty": False}
+    (checkout / "notes.txt").write_text("untracked")  # an untracked file is not the code
+    assert env.code(checkout / "moestab") == {"commit": head, "dirty": False}
+    (checkout / "moestab" / "__init__.py").write_text("x = 1\n")
+    assert env.code(checkout / "moestab") == {"commit": head, "dirty": True}
+
+
+def test_a_package_that_is_not_its_checkouts_moestab_folder_has_no_commit(tmp_path):
+    """A wheel inside a virtual environment inside someone else's repository: that repository's commit is not
+    moestab's."""
+    project = tmp_path / "project"
+    site = project / ".venv" / "lib" / "site-packages" / "moestab"
+    site.mkdir(parents=True)
+    _git(project, "init", "-q")
+    assert env.code(site) == {"commit": None, "dirty": None}
+    assert env.code(tmp_path / "nowhere") == {"commit": None, "dirty": None}  # no checkout at all
+
+
+def test_this_checkouts_runs_record_its_commit():
+    """The environment every run writes carries the code's provenance (this test runs from a checkout)."""
+    out = env.environment()
+    assert set(out["code"]) == {"commit", "dirty"}
+    if (env.PACKAGE_DIR.parent / ".git").exists():
+        assert len(out["code"]["commit"]) == 40 and isinstance(out["code"]["dirty"], bool)
