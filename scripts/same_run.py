@@ -1,6 +1,8 @@
 """Are two run folders the same run, bit for bit? For checking that a change of code left behaviour unchanged.
 
     python scripts/same_run.py RUN_A RUN_B
+    python scripts/same_run.py RUN_A RUN_B --declare docs/EXPERIMENT_results/same_code.csv
+
 
 Compares what a run's numbers are: every metrics.jsonl value but wall times (``time/...``), every per-token table
 (all columns, exact), every checkpoint's files (bytes; the optimizer / loop state compared as loaded tensors) and
@@ -15,13 +17,16 @@ import argparse
 import hashlib
 import math
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from moestab.experiments.provenance import DECLARATION_COLUMNS, read_declarations
 from moestab.run_folder import schema
 from moestab.run_folder.reader import list_checkpoints, list_token_files, load_metrics, read_run_info
 from moestab.train.run_lifetime import config_defaults
@@ -146,12 +151,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_a", type=Path)
     parser.add_argument("run_b", type=Path)
+    parser.add_argument("--declare", type=Path, default=None,
+                        help="on a pass, append the runs' commits to this declarations file (CSV)")
     args = parser.parse_args(argv)
     diffs, what = compare(args.run_a, args.run_b)
     for line in diffs:
         print(line)
     print(f"{'DIFFERENT' if diffs else 'same'}: compared {what}")
-    return 1 if diffs else 0
+    if diffs:
+        return 1
+    if args.declare is not None:
+        return declare(args.run_a, args.run_b, args.declare)
+    return 0
+
+
+def declare(a: Path, b: Path, path: Path) -> int:
+    """Append the commits of runs ``a`` and ``b`` (found the same) to the declarations at ``path``."""
+    codes = [read_run_info(run).environment.get("code") or {} for run in (a, b)]
+    for run, code in zip((a, b), codes, strict=True):
+        if not code.get("commit") or code.get("dirty") is not False:
+            print(f"{run}: no clean commit on record (environment.code {code}); nothing declared")
+            return 1
+    row = pd.DataFrame([{"commit_a": codes[0]["commit"], "commit_b": codes[1]["commit"], "run_a": str(a),
+                         "run_b": str(b), "checked": datetime.now(UTC).isoformat(timespec="seconds")}],
+                       columns=list(DECLARATION_COLUMNS))
+    existing = read_declarations(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.concat([existing, row], ignore_index=True).to_csv(path, index=False)
+    print(f"declared {codes[0]['commit'][:12]} and {codes[1]['commit'][:12]} the same run in {path}")
+    return 0
 
 
 if __name__ == "__main__":

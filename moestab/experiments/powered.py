@@ -234,15 +234,18 @@ def write_results(design: Design, out: str | Path, dest: str | Path) -> list[Pat
 
 
 def manifest(runs: Sequence[GridRun], root: str | Path) -> pd.DataFrame:
-    """Every run folder, relative to ``root``: sha256 of its metrics.jsonl and run.json, its created time and its last
-    update (a finished run's: when it finished)."""
+    """Every run folder, relative to ``root``: sha256 of its metrics.jsonl and run.json, its created time, its last
+    update (a finished run's: when it finished) and the code that wrote it (run.json ``environment.code``: ``commit``
+    and ``dirty``, empty for a run written before moestab recorded them)."""
     rows = []
     for run in runs:
         info = read_run_info(run.run_dir)
+        code = info.environment.get("code") or {}
         rows.append({"run": run.run_dir.relative_to(root).as_posix(),
                      "metrics_sha256": _sha256(run.run_dir / "metrics.jsonl"),
                      "run_json_sha256": _sha256(run.run_dir / "run.json"),
-                     "created": info.created, "updated": info.updated})
+                     "created": info.created, "updated": info.updated,
+                     "commit": code.get("commit"), "dirty": code.get("dirty")})
     return pd.DataFrame(rows)
 
 

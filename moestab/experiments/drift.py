@@ -1,0 +1,397 @@
+"""Issue 52: which routing change breaks GRPO here, within a step or across steps? The powered experiment's result
+taken apart (docs/drift.md; launcher scripts/drift_experiment.py).
+
+The powered experiment (:mod:`moestab.experiments.powered`) found routing held at the base's prevents the collapse
+of MoE GRPO at lr 5e-4 while Routing Replay (R2 / R3), which removes only the change within a step, does not
+detectably help. Three stages, on the powered experiment's setting, bases and seeds, all registered before their
+runs:
+
+1. **analysis** of rebuilt runs (the powered experiment's folders are gone): the final checkpoints evaluated under the
+   other routing (routing-constant with free routes, the baseline and R3 under the base's), per step the expert-load
+   entropy and the distance of the rollout's routes from the base's, the change after one update;
+2. **within-step vs across-step drift**, a dose-response: routing held at a copy of the policy refreshed every K
+   steps (K = 1: pi_old's routes in every forward of a step; 10; 33; K = infinity: routing-constant), and the
+   baseline with a load-balancing loss during RL;
+3. **GSPO, routing or step size**: GSPO with routing held at the base's, dense GSPO (a 2 x 2 with the GRPO arms),
+   and GRPO at the lr whose routing change is GSPO's.
+
+The primary outcome is the mean eval accuracy over a run's evaluations (steps ``eval_every`` .. ``steps``), with
+collapse (final accuracy more than 10 points below the start) co-primary; each stage's primary contrasts are
+Holm-corrected together, per outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moestab.experiments.grid import GridRun, grid_runs, run_grid, shard
+from moestab.experiments.powered import Design, holm, manifest, paired_p
+from moestab.experiments.registration import check_registered
+from moestab.experiments.stability import COLLAPSE_DROP
+from moestab.metrics import keys
+from moestab.metrics.paired import min_detectable_difference, paired_interval
+from moestab.run_folder.reader import load_metrics, read_run_info
+
+BASELINE = "moe_grpo_off"
+ARMS: dict[str, tuple[int, dict[str, Any]]] = {
+    # stage 1: the powered experiment's arms the analysis needs, rebuilt
+    "moe_grpo_off": (1, {"algo": "grpo", "routing_replay": "off"}),
+    "moe_grpo_r3": (1, {"algo": "grpo", "routing_replay": "rollout"}),
+    "constant_grpo": (1, {"algo": "grpo", "routing_replay": "base"}),
+    # stage 2: routing held within windows of K steps, and the baseline balanced during RL
+    "refresh_k1": (2, {"algo": "grpo", "routing_replay": "base", "base_refresh_every": 1}),
+    "refresh_k10": (2, {"algo": "grpo", "routing_replay": "base", "base_refresh_every": 10}),
+    "refresh_k33": (2, {"algo": "grpo", "routing_replay": "base", "base_refresh_every": 33}),
+    "moe_grpo_lb": (2, {"algo": "grpo", "routing_replay": "off", "router_aux_loss_coef": 0.01}),
+    # stage 3: GSPO's stability, routing or step size
+    "moe_gspo_off": (3, {"algo": "gspo", "routing_replay": "off"}),
+    "constant_gspo": (3, {"algo": "gspo", "routing_replay": "base"}),
+    "dense_grpo_off": (3, {"algo": "grpo", "routing_replay": "off", "dense": True}),
+    "dense_gspo_off": (3, {"algo": "gspo", "routing_replay": "off", "dense": True}),
+    "moe_grpo_lrmatch": (3, {"algo": "grpo", "routing_replay": "off", "lr_match": True}),
+}
+"""Arm -> (stage, its TrainConfig fields); ``dense``: the dense policy of the same depth; ``lr_match``: at
+:attr:`DriftDesign.lr_match` instead of the design's lr."""
+DOSE = (("refresh_k1", 0), ("refresh_k10", 1), ("refresh_k33", 2), ("constant_grpo", 3))
+"""The dose-response's levels in order of the window routing is held for (1, 10, 33 steps, the whole run), coded
+0..3 for the trend."""
+TREND = "trend"
+"""The dose-response's contrast: per seed, the least-squares slope of the outcome over :data:`DOSE`'s codes."""
+CONTRASTS: dict[int, dict[str, tuple[tuple[str, str] | str, ...]]] = {
+    2: {"primary": (("refresh_k10", BASELINE), ("refresh_k33", BASELINE), ("moe_grpo_lb", BASELINE), TREND),
+        "secondary": (("refresh_k1", BASELINE), ("constant_grpo", "refresh_k1"), ("constant_grpo", BASELINE),
+                      ("moe_grpo_r3", BASELINE))},
+    3: {"primary": (("constant_gspo", "constant_grpo"), ("dense_gspo_off", "dense_grpo_off"),
+                    ("moe_grpo_lrmatch", BASELINE)),
+        "secondary": (("moe_gspo_off", BASELINE), ("dense_grpo_off", BASELINE))},
+}
+"""Per stage: ``(arm, reference)`` paired by seed, or :data:`TREND`. Primary ones are Holm-corrected together per
+outcome; secondary ones are reported unadjusted."""
+READINGS = {
+    2: "Routing held within a step (K = 1) is what R2 / R3 do; held across more steps it also stops drift. If the "
+       "outcome rises with the window (trend > 0) and K = 10 / 33 beat the baseline, the collapse comes from drift "
+       "across steps (or from lost adaptability acting as a constraint), not from the change within a step. A trend "
+       "whose interval contains 0, with K = 1 as good as routing-constant, says holding routes within a step "
+       "suffices. The load-balancing arm above the baseline says drift away from balanced routes contributes.",
+    3: "GSPO above GRPO with routing held at the base's (constant) and on the dense model says its stability does not "
+       "come from routing; GRPO at GSPO's routing change as stable as GSPO says routing change alone could explain "
+       "it, and no better than the baseline says it does not.",
+}
+OUTCOMES = ("mean_eval_acc", "collapse")
+"""Primary: mean eval accuracy over the run's evaluations; co-primary: collapse."""
+ASSUMED_SD = 0.046
+"""The paired sd of the mean eval accuracy the power computation assumes: the upper end of the powered experiment's
+2.4-4.6 points (post hoc, :func:`posthoc_sd` on its committed curves)."""
+MATCH_WINDOW = 40
+"""Steps over which the lr match compares routing change (the precondition search's window)."""
+
+
+@dataclass(frozen=True)
+class DriftDesign:
+    """The powered experiment's design (its setting, seeds, length and eval set) and this experiment's additions."""
+
+    powered: Design
+    lr_match: float
+    """GRPO's lr whose old->new routing change is GSPO's at the design's lr (:func:`matching_lr`)."""
+    stages: tuple[int, ...] = (1, 2, 3)
+    alpha: float = 0.05
+    power: float = 0.8
+    assumed_sd: float = ASSUMED_SD
+
+    def base(self) -> dict[str, Any]:
+        """TrainConfig fields every run shares: the powered experiment's, and the distance from the base measured."""
+        return {**self.powered.base(), "measure_base_routes": True}
+
+    def arms(self) -> list[str]:
+        return [arm for arm, (stage, _) in ARMS.items() if stage in self.stages]
+
+    def arm_fields(self, arm: str) -> dict[str, Any]:
+        _, fields = ARMS[arm]
+        out = {k: v for k, v in fields.items() if k not in ("dense", "lr_match")}
+        out["model"] = self.powered.dense_model() if fields.get("dense") else self.powered.model
+        out["lr"] = self.lr_match if fields.get("lr_match") else self.powered.lr
+        return out
+
+    def min_detectable(self, stage: int) -> float:
+        """The smallest true paired difference in mean eval accuracy each of ``stage``'s primary contrasts detects
+        with :attr:`power` at Bonferroni's alpha / m (Holm is never stricter)."""
+        m = len(CONTRASTS[stage]["primary"])
+        return min_detectable_difference(self.assumed_sd, len(self.powered.seeds), self.alpha / m, self.power)
+
+
+def all_runs(design: DriftDesign, out: str | Path) -> list[GridRun]:
+    """``out/<arm>/seed-<s>``, stage by stage, seed by seed: a stage's complete pairs come first."""
+    runs = []
+    for stage in design.stages:
+        for seed in design.powered.seeds:
+            for arm in design.arms():
+                if ARMS[arm][0] == stage:
+                    runs += grid_runs({**design.base(), **design.arm_fields(arm)}, {}, [seed], Path(out) / arm)
+    return runs
+
+
+def registration(design: DriftDesign) -> dict[str, Any]:
+    """Everything the experiment fixes before it runs."""
+    powered = {k: v for k, v in design.powered.base().items() if k != "cache_dir"}
+    return {"setting": {"model": design.powered.model, "lr": design.powered.lr, "task": design.powered.task,
+                        "seeds": list(design.powered.seeds), "steps": design.powered.steps,
+                        "eval_every": design.powered.eval_every, "eval_size": design.powered.eval_size},
+            "base": {**powered, "measure_base_routes": True},
+            "arms": {arm: {"stage": ARMS[arm][0], **design.arm_fields(arm)} for arm in design.arms()},
+            "lr_match": design.lr_match, "dose": dict(DOSE), "baseline": BASELINE,
+            "outcomes": {"primary": OUTCOMES[0], "co_primary": OUTCOMES[1],
+                         "collapse": f"final eval accuracy more than {COLLAPSE_DROP:.0%} below the start"},
+            "contrasts": {str(s): {k: [list(c) if isinstance(c, tuple) else c for c in v]
+                                   for k, v in CONTRASTS[s].items()} for s in CONTRASTS if s in design.stages},
+            "readings": {str(s): READINGS[s] for s in READINGS if s in design.stages},
+            "multiplicity": "Holm step-down over each stage's primary contrasts, per outcome, at family-wise alpha",
+            "alpha": design.alpha, "power": design.power, "assumed_sd": design.assumed_sd,
+            "min_detectable_difference": {str(s): round(design.min_detectable(s), 4) for s in CONTRASTS
+                                          if s in design.stages},
+            "runs": len(all_runs(design, "out"))}
+
+
+def run_experiment(design: DriftDesign, out: str | Path, registered: str | Path, *, shards: tuple[int, int] = (0, 1),
+                   log: Callable[[str], None] = print) -> list[Path]:
+    """Every run not finished yet, stage by stage, after checking the registration."""
+    check_registered(registered, registration(design))
+    return run_grid(shard(all_runs(design, out), *shards), log=log)
+
+
+# ---- what the design is built from -------------------------------------------------------------------------------
+def matching_lr(curves: pd.DataFrame, *, target_arm: str = "moe_gspo_off", arm: str = BASELINE, lr: float = 5e-4,
+                lower: float = 2.5e-4, window: int = MATCH_WINDOW) -> float:
+    """The lr at which ``arm``'s mean old->new routing change over the first ``window`` steps equals
+    ``target_arm``'s at ``lr``: interpolated linearly in log lr between ``arm``'s runs at ``lower`` and ``lr`` (the
+    powered experiment's committed curves), rounded to two significant digits."""
+    early = curves[curves["step"] <= window]
+    vol = early.groupby(["arm", "lr"])["vol"].mean()
+    target, low, high = vol[(target_arm, lr)], vol[(arm, lower)], vol[(arm, lr)]
+    x = (target - low) / (high - low)  # position between the two lrs, in log2 units of their ratio
+    matched = lower * (lr / lower) ** x
+    return float(f"{matched:.2g}")
+
+
+def posthoc_sd(curves: pd.DataFrame, lr: float, baseline: str = BASELINE) -> pd.Series:
+    """Per arm, the sd of the paired differences arm - ``baseline`` in mean eval accuracy over the evaluations after
+    step 0, at ``lr`` (the powered experiment's committed curves)."""
+    mean = curves[(curves["lr"] == lr) & (curves["step"] > 0)].groupby(["seed", "arm"])["eval_acc"].mean().unstack()
+    return mean.sub(mean[baseline], axis=0).drop(columns=baseline).std()
+
+
+# ---- outcomes and contrasts --------------------------------------------------------------------------------------
+def run_outcomes(run: str | Path) -> dict[str, float]:
+    """A run's ``start_acc``, ``final_acc``, ``mean_eval_acc`` (over its evaluations after step 0) and ``collapse``
+    (1.0 when the final accuracy is more than ``COLLAPSE_DROP`` below the start)."""
+    info = read_run_info(run)
+    m = load_metrics(run)
+    evals = m[keys.EVAL_ACCURACY].dropna()
+    start, final = info.warm_start_accuracy, info.final_accuracy
+    return {"start_acc": start, "final_acc": final, "mean_eval_acc": float(evals.mean()),
+            "collapse": float(start is not None and final is not None and final < start - COLLAPSE_DROP)}
+
+
+def outcomes(runs: Sequence[GridRun]) -> pd.DataFrame:
+    """One row per finished run: arm, seed, lr and :func:`run_outcomes`."""
+    return pd.DataFrame([{"arm": r.run_dir.parent.name, "seed": r.values["seed"], "lr": r.config.lr,
+                          **run_outcomes(r.run_dir)} for r in runs])
+
+
+def mcnemar_p(arm: Sequence[float], reference: Sequence[float]) -> float:
+    """Exact two-sided McNemar p-value of paired binary outcomes: the discordant pairs' split against 1/2."""
+    b = sum(1 for x, y in zip(arm, reference, strict=True) if x and not y)
+    c = sum(1 for x, y in zip(arm, reference, strict=True) if y and not x)
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def trend_slopes(table: pd.DataFrame, outcome: str) -> pd.Series:
+    """Per seed with every :data:`DOSE` level, the least-squares slope of ``outcome`` over the levels' codes."""
+    wide = table.pivot(index="seed", columns="arm", values=outcome)
+    arms, codes = [a for a, _ in DOSE], np.array([c for _, c in DOSE], float)
+    wide = wide.reindex(columns=arms).dropna()
+    centred = codes - codes.mean()
+    return (wide.to_numpy() - wide.to_numpy().mean(axis=1, keepdims=True)) @ centred / (centred @ centred) \
+        if len(wide) else pd.Series(dtype=float)
+
+
+def _pairs(table: pd.DataFrame, contrast: tuple[str, str] | str, outcome: str) -> tuple[list[float], list[float]]:
+    """The contrast's paired values (arm, reference) over the seeds that have both; the trend's slopes against 0."""
+    if contrast == TREND:
+        slopes = list(np.asarray(trend_slopes(table, outcome), float))
+        return slopes, [0.0] * len(slopes)
+    arm, ref = contrast
+    wide = table.pivot(index="seed", columns="arm", values=outcome).reindex(columns=[arm, ref]).dropna()
+    return wide[arm].tolist(), wide[ref].tolist()
+
+
+def contrasts(table: pd.DataFrame, design: DriftDesign, stage: int) -> pd.DataFrame:
+    """``stage``'s contrasts on both outcomes: mean paired difference, 95% t-interval, p (paired t for the mean eval
+    accuracy, exact McNemar for collapse; the trend: the slopes' t-test), Holm's adjusted p over the primary ones,
+    the realized sd and the minimum detectable difference it gives at the level the contrast was powered at."""
+    rows = []
+    primary = CONTRASTS[stage]["primary"]
+    for kind in ("primary", "secondary"):
+        for contrast in CONTRASTS[stage][kind]:
+            name = contrast if contrast == TREND else f"{contrast[0]} - {contrast[1]}"
+            for outcome in OUTCOMES:
+                a, b = _pairs(table, contrast, outcome)
+                ci = paired_interval(a, b) if len(a) >= 2 else None
+                diffs = [x - y for x, y in zip(a, b, strict=True)]
+                p = (paired_p(diffs) if outcome == OUTCOMES[0] or contrast == TREND else mcnemar_p(a, b))
+                level = design.alpha / len(primary) if kind == "primary" else design.alpha
+                detectable = (min_detectable_difference(ci.sd, ci.n, level, design.power)
+                              if ci is not None and ci.sd > 0 else math.nan)
+                rows.append({"stage": stage, "contrast": name, "outcome": outcome, "primary": kind == "primary",
+                             "n": len(a), "mean_diff": ci.mean if ci else math.nan,
+                             "ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
+                             "p": p, "sd": ci.sd if ci else math.nan, "min_detectable": detectable})
+    out = pd.DataFrame(rows)
+    out["p_holm"] = math.nan
+    for outcome in OUTCOMES:
+        chosen = out["primary"] & (out["outcome"] == outcome) & out["p"].notna()
+        out.loc[chosen, "p_holm"] = holm(out.loc[chosen, "p"].tolist())
+    return out
+
+
+# ---- stage 1: the analysis ----------------------------------------------------------------------------------------
+ANALYSED_ARMS = ("moe_grpo_off", "moe_grpo_r3", "constant_grpo")
+"""Arms whose final checkpoints are evaluated under both routings."""
+ROUTINGS = ("free", "base")
+
+
+def checkpoint_accuracy(run: str | Path, routing: str) -> float:
+    """Greedy eval accuracy of ``run``'s final checkpoint on the run's own eval set, routing freely (``free``) or with
+    every forward routed as the run's warm-started base routes the same tokens (``base``)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from moestab.routing.base_routing import BaseRouting
+    from moestab.run_folder import RunFolder
+    from moestab.tasks import task_from_spec
+    from moestab.train.config import TrainConfig
+    from moestab.train.evaluate import greedy_accuracy
+    from moestab.train.recipe import DTYPES, load_policy, response_budget
+
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing {routing!r}: valid {ROUTINGS}")
+    info = read_run_info(run)
+    config = TrainConfig(**{k: v for k, v in info.config.items() if k in TrainConfig.__dataclass_fields__})
+    task = task_from_spec(config.task)
+    dtype, cpu = DTYPES[config.dtype], torch.device("cpu")
+    path = str(RunFolder(run).checkpoint_dir(info.last_step))
+    model = load_policy(path, dtype, cpu).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
+    budget = response_budget(config, task)
+    if routing == "free":
+        return greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=budget)
+    base = load_policy(str((info.warm_start or {})["path"]), dtype, cpu).eval().requires_grad_(False)
+    with BaseRouting(model, base):
+        return greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=budget)
+
+
+def checkpoint_evals(runs: Sequence[GridRun]) -> pd.DataFrame:
+    """Per finished run of :data:`ANALYSED_ARMS`: its final checkpoint's accuracy under each routing, beside the
+    accuracy the run recorded at its end (under its own routing: the base's for routing-constant)."""
+    rows = []
+    for run in runs:
+        arm = run.run_dir.parent.name
+        if arm not in ANALYSED_ARMS or not _finished(run):
+            continue
+        recorded = read_run_info(run.run_dir).final_accuracy
+        rows.append({"arm": arm, "seed": run.values["seed"], "recorded": recorded,
+                     **{routing: checkpoint_accuracy(run.run_dir, routing) for routing in ROUTINGS}})
+    return pd.DataFrame(rows)
+
+
+STEP_COLUMNS = {
+    "reward": keys.REWARD_MEAN,
+    "eval_acc": keys.EVAL_ACCURACY,
+    "old_new": keys.ROUTING_CHANGED.format(pair="old_new"),
+    "base_distance": keys.ROUTING_BASE_CHANGED,
+    "clip_frac": keys.CLIP_TOKEN_FRAC,
+}
+"""step_curves.csv's columns -> the metrics.jsonl keys they copy."""
+
+
+def step_curves(runs: Sequence[GridRun]) -> pd.DataFrame:
+    """Per finished run and step: :data:`STEP_COLUMNS`, the expert-load entropy (mean over the MoE layers, nats) and
+    the routing change after one update (``update_old`` at the second minibatch: the free routes after the first
+    minibatch's update vs pi_old's; null where the updates replay routes)."""
+    frames = []
+    for run in runs:
+        if not _finished(run):
+            continue
+        m = load_metrics(run.run_dir)
+        frame = pd.DataFrame({"arm": run.run_dir.parent.name, "seed": run.values["seed"], "step": m[keys.STEP]})
+        for column, key in STEP_COLUMNS.items():
+            frame[column] = m.get(key, math.nan)
+        frame["load_entropy"] = [_mean(v) for v in m.get(keys.EXPERTS_LOAD_ENTROPY, [None] * len(m))]
+        frame["single_update"] = [_second(v) for v in m.get(keys.ROUTING_UPDATE_DRIFT, [None] * len(m))]
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _mean(values: Any) -> float:
+    return float(np.mean(values)) if isinstance(values, list) and values else math.nan
+
+
+def _second(values: Any) -> float:
+    return float(values[1]) if isinstance(values, list) and len(values) > 1 and values[1] is not None else math.nan
+
+
+def _finished(run: GridRun) -> bool:
+    return run.run_dir.joinpath("run.json").is_file() and read_run_info(run.run_dir).status == "finished"
+
+
+def replication(table: pd.DataFrame, committed: pd.DataFrame, lr: float) -> pd.DataFrame:
+    """The rebuilt runs of the powered experiment's arms beside its committed outcomes (same arm, seed, lr): start and
+    final accuracy, both, and whether they are equal."""
+    theirs = committed[committed["lr"] == lr][["arm", "seed", "start_acc", "final_acc"]]
+    mine = table[["arm", "seed", "start_acc", "final_acc"]]
+    both = mine.merge(theirs, on=["arm", "seed"], suffixes=("", "_committed"))
+    both["same_start"] = both["start_acc"] == both["start_acc_committed"]
+    both["same_final"] = both["final_acc"] == both["final_acc_committed"]
+    return both
+
+
+RESULT_FILES = ("outcomes.csv", "contrasts.csv", "checkpoint_evals.csv", "step_curves.csv", "replication.csv",
+                "manifest.csv")
+
+
+def write_results(design: DriftDesign, out: str | Path, dest: str | Path,
+                  committed_outcomes: str | Path | None = None) -> list[Path]:
+    """:data:`RESULT_FILES` in ``dest`` from the finished runs under ``out``: a stage's contrasts only once all its
+    arms have finished on every seed; the replication only with ``committed_outcomes`` (the powered experiment's)."""
+    runs = all_runs(design, out)
+    finished = [r for r in runs if _finished(r)]
+    table = outcomes(finished) if finished else pd.DataFrame(columns=["arm", "seed", "lr", *OUTCOMES])
+    complete = [s for s in CONTRASTS if s in design.stages
+                and all(_finished(r) for r in runs if ARMS[r.run_dir.parent.name][0] <= s)]
+    frames = {
+        "outcomes.csv": table,
+        "contrasts.csv": pd.concat([contrasts(table, design, s) for s in complete]) if complete else pd.DataFrame(),
+        "checkpoint_evals.csv": checkpoint_evals(finished),
+        "step_curves.csv": step_curves(finished),
+        "replication.csv": (replication(table, pd.read_csv(committed_outcomes), design.powered.lr)
+                            if committed_outcomes is not None and len(table) else pd.DataFrame()),
+        "manifest.csv": manifest(finished, out),
+    }
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, frame in frames.items():
+        if frame.columns.empty:  # nothing yet: a header CSV readers can load
+            frame = pd.DataFrame(columns=["arm", "seed"])
+        frame.to_csv(dest / name, index=False, float_format="%.6g")
+    return [dest / name for name in RESULT_FILES]
