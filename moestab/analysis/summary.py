@@ -57,7 +57,7 @@ sampling error of the step mean of the column without ``_se`` (runs under a meas
 SUMMARY_COLUMNS = (
     "run", "algo", "replay", "model", "status", "steps", "measured_steps", "final_accuracy", "warm_start_accuracy",
     *(c for column in SUMMARY_KEYS for c in (column, f"{column}_se") if c in SUMMARY_KEYS or c in SAMPLING_ERRORS),
-    "damage", "path",
+    "capture_failed_steps", "damage", "path",
 )
 """Columns of :func:`summarize_runs`, in order (each documented in docs/metrics.md, "moestab analyze"):
 
@@ -84,6 +84,9 @@ def _step_means(metrics: pd.DataFrame) -> dict[str, float]:
     for column, key in SUMMARY_KEYS.items():
         values = pd.to_numeric(metrics[key], errors="coerce") if key in metrics else pd.Series(dtype=float)
         out[column] = float(values.mean()) if values.notna().any() else np.nan
+    failed = (pd.to_numeric(metrics[keys.INTEGRITY_FAILED], errors="coerce").dropna()
+              if keys.INTEGRITY_FAILED in metrics else pd.Series(dtype=float))
+    out["capture_failed_steps"] = float((failed > 0).sum()) if len(failed) else np.nan  # NaN: no check on record
     for column, key in SAMPLING_ERRORS.items():
         mean = out[column.removesuffix("_se")]
         # Measured on samples: the steps' errors combined. Without the key every measured step scored every

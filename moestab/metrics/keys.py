@@ -125,6 +125,18 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "and the extra forward replays the routes of TRL's pi_old forward, as under `off`.",
     ),
     "experts": ("Experts (`moestab.metrics.experts`)", ""),
+    "integrity": (
+        "Route integrity (`moestab.metrics.integrity`)",
+        "Whether the captured routes tell the truth: `moestab train`'s rollout engine's (HF or vLLM), the TRL "
+        "integration's generation, or the rollout side a `route_diagnostics` call is given (any importer's), checked "
+        "per MoE layer over the step's response tokens, against the trainer's own free routes of the same tokens "
+        "(pi_old, "
+        "the `rollout_old_free` pair) where they are known. A layer fails at coverage < 0.99, invalid > 0, constant, "
+        "or lift < 0.5 (`moestab.metrics.integrity.Thresholds`); `--route-integrity refuse` (the TRL integration's "
+        "`RecordSettings(route_integrity=...)`, `DiagnosticsRun(route_integrity=...)`) stops at a failing step, "
+        "before its routes are replayed. Under `--routing-replay base` the captured routes are the frozen base's by "
+        "design, so the agreement check is left out there.",
+    ),
     "measure": (
         "Measurement budget (`moestab.recording.measure_budget`, `moestab.metrics.sampling`)",
         "The forwards that exist only to measure (pi_new; the free pi_old under R3 / TRR; routing's share's "
@@ -368,6 +380,36 @@ ROUTING_SHARE_BY_MINIBATCH = _row("routing_share/by_minibatch/{stat}", PER_MINIB
                                   f"{_METRICS}.routing_share_metrics", "`routing_share/{stat}` over each minibatch's "
                                   "tokens, per minibatch index (null for an empty one)", "routing_share",
                                   when=(ROUTING_SHARE,), over=ROUTING_SHARE_STATS)
+_INTEGRITY = "moestab.recording.step_metrics.integrity_metrics"
+INTEGRITY_COVERAGE = _row("routes/integrity/coverage", FLOAT, _INTEGRITY, "share of (response token, MoE layer) "
+                          "decisions the capture holds a route for (every slot recorded)", "integrity")
+INTEGRITY_COVERAGE_BY_LAYER = _row("routes/integrity/coverage_by_layer", PER_LAYER, _INTEGRITY, "`coverage` per "
+                                   "MoE layer", "integrity")
+INTEGRITY_INVALID_BY_LAYER = _row("routes/integrity/invalid_by_layer", PER_LAYER, _INTEGRITY, "share of a layer's "
+                                  "recorded decisions naming an expert outside the model or one expert twice",
+                                  "integrity")
+INTEGRITY_CONSTANT_BY_LAYER = _row("routes/integrity/constant_by_layer", PER_LAYER, _INTEGRITY, "1 when every "
+                                   "recorded decision of the layer names the same experts (16 or more of them): a "
+                                   "zeroed or filled layer; else 0", "integrity")
+INTEGRITY_WRAPPED = _row("routes/integrity/wrapped", INT, _INTEGRITY, "1 when the model has more than 256 experts and "
+                         "no captured id reaches 256 in 256 or more slots (ids stored as uint8 wrapped around), else 0",
+                         "integrity")
+INTEGRITY_AGREEMENT_BY_LAYER = _row("routes/integrity/agreement_by_layer", PER_LAYER, _INTEGRITY, "mean share of "
+                                    "a captured decision's slots whose expert the trainer's own routing also chose "
+                                    "for the same token (`1 - changed`); absent without the trainer's routes",
+                                    "integrity")
+INTEGRITY_CHANCE = _row("routes/integrity/chance", FLOAT, _INTEGRITY, "the agreement of a capture unrelated to the "
+                        "trainer's routing: `top_k / num_experts`", "integrity")
+INTEGRITY_LIFT = _row("routes/integrity/lift", FLOAT, _INTEGRITY, "the worst layer's agreement rescaled from chance "
+                      "(0) to full (1): `(agreement - chance) / (1 - chance)`", "integrity")
+INTEGRITY_DISAGREEING = _row("routes/integrity/disagreeing", FLOAT, _INTEGRITY, "share of the tokens whose "
+                             "agreement over their layers, rescaled from chance, is below 0.5: a fault confined to "
+                             "some tokens (one turn misaligned) that the layers' means dilute", "integrity")
+INTEGRITY_FAILED = _row("routes/integrity/failed", INT, _INTEGRITY, "number of (layer, check) pairs past their "
+                        "threshold this step (0: the capture looks right)", "integrity")
+INTEGRITY_LAYER_DETAIL = frozenset({INTEGRITY_COVERAGE_BY_LAYER, INTEGRITY_INVALID_BY_LAYER,
+                                    INTEGRITY_CONSTANT_BY_LAYER, INTEGRITY_AGREEMENT_BY_LAYER})
+"""The integrity keys' per-layer lists: in metrics.jsonl, not sent to trackers (their scalars summarise them)."""
 EXPERTS_LOAD = _row("experts/load", PER_LAYER_EXPERT, f"{_METRICS}.expert_metrics", "share of each layer's routed "
                     "slots per expert under pi_old (free), rounded to 6 decimals", "experts")
 EXPERTS_LOAD_ENTROPY = _row("experts/load_entropy", PER_LAYER, f"{_METRICS}.expert_metrics", "entropy of the load "

@@ -40,6 +40,11 @@ class RolloutBatch:
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
 
+    def response(self, per_position: torch.Tensor) -> torch.Tensor:
+        """``[B, L, ...]`` per input position -> ``[tokens, ...]`` at the response tokens, in row-major order. A
+        response token's routes are those of the input position whose logits score it (docs/run-format.md)."""
+        return per_position[:, self.prompt_len - 1 :][self.response_mask]
+
     def response_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """``[B, L, V]`` trainer logits -> ``[B, T, V]`` logits of the response positions."""
         return logits[:, self.prompt_len - 1 :]

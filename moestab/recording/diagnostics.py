@@ -29,8 +29,10 @@ from moestab import __version__
 from moestab.metrics import keys
 from moestab.metrics.experts import expert_counts as count_experts
 from moestab.metrics.experts import max_violation
+from moestab.metrics.integrity import route_integrity, with_model
 from moestab.metrics.mismatch import mismatch_spread, mismatch_stats
 from moestab.metrics.routes import check_routes, repeated_experts, route_change_of
+from moestab.recording.capture_check import check_policy, verdict, warn_once
 from moestab.recording.step_records import write_step_metrics
 from moestab.recording.trackers import TrackedRun, check_trackers, open_trackers, run_id
 from moestab.run_folder import Remedies, RunFolder, schema
@@ -184,13 +186,17 @@ def route_diagnostics(
         logp_trainer: ``[tokens]`` the trainer's log-probs of the same tokens.
         pair: the keys' pair, one of :data:`DIAGNOSTICS_PAIRS`: which trainer side this is.
         expert_counts: ``[layers, experts]`` the trainer's own routed tokens per expert, for ``experts/max_vio``.
-        num_experts: count ``expert_counts`` from ``trainer_routes`` instead (slower: several seconds at 1M tokens).
+        num_experts: the model's experts: the route-integrity checks of ids outside the model and of agreement
+            against chance need it (``DiagnosticsRun.log`` supplies it from the run's model when absent); without
+            ``expert_counts`` it also counts them from ``trainer_routes`` (slower: several seconds at 1M tokens).
         routing_confidence: the trainer router's mass on its chosen experts, ``[tokens, layers]`` or ``[layers]``.
         aliases: also return each value under the names other frameworks log it (``keys.ALIASES``).
         threads: threads for the route comparison (default 1: a training job owns the other cores).
 
     Returns:
-        ``routing/<pair>/{changed, router_flip, token_flip, changed_by_layer, router_flip_by_layer}`` always; with the
+        ``routing/<pair>/{changed, router_flip, token_flip, changed_by_layer, router_flip_by_layer}`` and
+        ``routes/integrity/*`` (the rollout side checked against the trainer's, :mod:`moestab.metrics.integrity`)
+        always; with the
         log-probs ``mismatch/<pair>/{k1, k3, f2, abs_d, sq_d, f5, prob_diff_mean, prob_diff_max, prob_diff_std}``; with
         counts ``experts/max_vio``; with confidence ``experts/routing_confidence[_mean]``. Per-layer values are lists.
         ``ValueError`` / ``TypeError`` name the argument and its shape when an input does not fit.
@@ -203,6 +209,7 @@ def route_diagnostics(
         raise ValueError(f"rollout_routes {tuple(rollout.shape)} and trainer_routes {tuple(trainer.shape)} must be the "
                          "same tokens, layers and top_k")
     out: dict[str, object] = routing_part(rollout, trainer, pair, threads)
+    out.update(route_integrity(rollout, trainer, num_experts=num_experts))  # the rollout side is the capture
     if (logp_rollout is None) != (logp_trainer is None):
         raise ValueError("pass both logp_rollout and logp_trainer, or neither")
     if logp_rollout is not None:
@@ -245,6 +252,12 @@ class DiagnosticsRun:
     is writing); run.json's config names the trainer, the replay mode (``schema.REPLAY_MODES``) and the model, and
     ends ``finished`` or ``failed``. Only keys of the key table are written; aliases stay out of metrics.jsonl.
 
+    ``route_integrity``: what a step whose rollout routes fail a route-integrity check (``routes/integrity/*``,
+    :mod:`moestab.metrics.integrity`) does: ``warn`` (the first one logged and in run.json's ``warnings``) or
+    ``refuse`` (:class:`~moestab.metrics.integrity.BrokenCaptureError` from :meth:`log`, naming the step, layer and
+    check, before the step is written: stop before the trainer replays those routes). The agreement's chance level
+    comes from the run's ``top_k`` and ``num_experts`` when the metrics lack it.
+
     ``report_to`` (any of ``tensorboard``, ``wandb``, ``trackio``) also sends each logged step to those trackers, as
     ``moestab train --report-to`` does (:mod:`moestab.recording.trackers`: the same trackers, keys ``moestab/<key>``,
     ``experts/load`` summarised unless ``report_expert_load_matrix``), opened with the folder and closed with it; an
@@ -267,7 +280,9 @@ class DiagnosticsRun:
         overwrite: bool = False,
         report_to: str | Sequence[str] = (),
         report_expert_load_matrix: bool = False,
+        route_integrity: str = "warn",
     ) -> None:
+        check_policy(route_integrity)
         if replay not in schema.REPLAY_MODES:
             raise ValueError(f"replay must be one of {list(schema.REPLAY_MODES)} (the trainer's routing replay: off, "
                              f"R2 = old, R3 = rollout, TRR = rollout-gates, routing-constant = base), got {replay!r}")
@@ -278,6 +293,7 @@ class DiagnosticsRun:
         self.report_to = (report_to,) if isinstance(report_to, str) else tuple(report_to)
         check_trackers(self.report_to)
         self.report_expert_load_matrix = report_expert_load_matrix
+        self.route_integrity = route_integrity
         self.folder = RunFolder(path)
         self.overwrite = overwrite
         self.model = ModelInfo(family=family, moe_layers=layers, num_experts=num_experts, top_k=top_k,
@@ -324,13 +340,18 @@ class DiagnosticsRun:
         if any(w != self.model.num_layers for w in widths):
             raise ValueError(f"per-layer metrics have {sorted(set(widths))} values; this run has "
                              f"{self.model.num_layers} MoE layers")
-        written = {k: v for k, v in metrics.items() if k in keys.KEYS}
+        written = with_model({k: v for k, v in metrics.items() if k in keys.KEYS}, self.model.top_k,
+                             self.model.num_experts)
         for key, value in written.items():
             _check_value(key, value, keys.KEYS[key].kind)
+        judged = self.config["routing_replay"] not in schema.BASE_ROUTED_MODES
+        broken = verdict(written, step=step, policy=self.route_integrity, agreement=judged)  # refuse: nothing written
         write_step_metrics(self.writer, step, written)
         self.writer.update(last_step=step)
         self.last_step = step
         self._report(written, step)
+        if broken is not None:
+            warn_once(broken, self.writer.read_info().warnings, self.writer.add_warning, logger.warning)
 
     def close(self, error: BaseException | None = None) -> None:
         """Mark the run ``finished`` (or ``failed`` with ``error``) and release the folder."""

@@ -26,6 +26,7 @@ import torch
 from moestab import rl
 from moestab.metrics import keys
 from moestab.metrics.experts import expert_counts, load_stats
+from moestab.metrics.integrity import route_integrity
 from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
 from moestab.metrics.routes import intersection_sizes, route_change
@@ -213,6 +214,20 @@ def routing_metrics(v: StepView) -> dict[str, object]:
                 decisions = by_group["routers"][scored]  # [m]
                 out[pattern.format(pair=pair)] = ratio_se(by_group[stat][scored] * decisions, decisions, n_groups)
     return out
+
+
+def integrity_metrics(v: StepView) -> dict[str, object]:
+    """``routes/integrity/*`` of the rollout's routes, against the trainer's free pi_old routes of the same tokens
+    where they are known (a sampled pair: on the measured tokens; none on an unmeasured step). Under a base-routed
+    replay the rollout's routes are the base's by design: their agreement is reported, not judged."""
+    rollout = v.routes[schema.COL_ROUTES_ROLLOUT]
+    keep = v.keep(schema.COL_ROUTES_ROLLOUT, schema.COL_ROUTES_OLD_FREE)
+    num_experts = v.tensors.routes_old_free.num_experts
+    judged = v.replay not in schema.BASE_ROUTED_MODES
+    if keep is None:
+        return route_integrity(rollout, num_experts=num_experts, agreement=judged)
+    return route_integrity(rollout[keep], v.routes[schema.COL_ROUTES_OLD_FREE][keep], num_experts=num_experts,
+                           agreement=judged)
 
 
 def drift_metrics(v: StepView) -> dict[str, object]:

@@ -87,7 +87,7 @@ class StepTensors:
 
         A response token's routes are those of the input position whose logits score it (docs/run-format.md).
         """
-        return per_position[:, self.batch.prompt_len - 1 :][self.batch.response_mask]
+        return self.batch.response(per_position)
 
     def tokens(self, per_token: torch.Tensor) -> torch.Tensor:
         """``[B, T]`` -> ``[tokens]`` at the response tokens, in row-major order."""

@@ -59,7 +59,9 @@ def scalars(metrics: Mapping[str, Any], *, expert_load_matrix: bool = False) -> 
     """A metrics.jsonl row as the flat numbers a tracker gets, each under ``moestab/<key>``: lists spread over
     ``<key>/<index>``, ``None`` and non-finite numbers dropped, the step left out (it is the tracker's x axis). A
     ``[layers][experts]`` key becomes ``<key>/max_vio_max``, ``<key>/max_vio_mean`` and ``<key>/dead_experts``
-    (:func:`load_summary`), plus ``<key>/<layer>/<expert>`` with ``expert_load_matrix``."""
+    (:func:`load_summary`), plus ``<key>/<layer>/<expert>`` with ``expert_load_matrix``. The route-integrity checks'
+    per-layer lists (``keys.INTEGRITY_LAYER_DETAIL``) stay in metrics.jsonl: a tracker gets their compact summary
+    (``routes/integrity/coverage``, ``lift``, ``disagreeing``, ``failed``...)."""
     out: dict[str, float] = {}
 
     def put(key: str, value: Any) -> None:
@@ -71,7 +73,7 @@ def scalars(metrics: Mapping[str, Any], *, expert_load_matrix: bool = False) -> 
                 put(f"{key}/{i}", item)
 
     for key, value in metrics.items():
-        if key == keys.STEP:
+        if key == keys.STEP or key in keys.INTEGRITY_LAYER_DETAIL:
             continue
         if _is_matrix(key) and value is not None:
             for stat, number in load_summary(value).items():

@@ -64,6 +64,10 @@ engine's (``rollout``) or none (free routing). Anything about routes treats TRR,
 rollout routes are the base's), as R3."""
 BASE_ROUTED_MODES = ("base",)
 """Modes whose policy routes as the frozen base in every forward: generation and evaluation too."""
+INTEGRITY_POLICIES = ("warn", "refuse")
+"""What a trainer does with a route capture that fails an integrity check (config ``route_integrity``,
+``moestab.metrics.integrity``): ``warn`` (log it, keep training) or ``refuse`` (stop before its routes are
+replayed)."""
 GATE_REPLAY_MODES = ("rollout-gates",)
 """Modes that replay recorded gate weights too (their rollout engine records them)."""
 

@@ -23,6 +23,7 @@ from moestab.configs import ConfigError, config_to_dict
 from moestab.metrics import keys
 from moestab.models import is_embedded
 from moestab.models.tokenizer import tokenizer_overflow
+from moestab.recording.capture_check import verdict, warn_once
 from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.trackers import TrackedRun, open_trackers, run_id
 from moestab.routing import freeze_routers
@@ -364,6 +365,9 @@ class _Steps:
         if main:
             write_step_metrics(writer, step, metrics)
             report(metrics, step)
+            broken = verdict(metrics, step=step, agreement=config.routing_replay not in schema.BASE_ROUTED_MODES)
+            if broken is not None:
+                warn_once(broken, writer.read_info().warnings, writer.add_warning, self.log)
         if step % config.save_every == 0 or step == config.steps or p.bases.saves_at(step):
             self.save(step)
         if main:

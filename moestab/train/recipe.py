@@ -169,7 +169,7 @@ def step_settings(config: TrainConfig, max_new_tokens: int) -> StepSettings:
         overlong_cache=config.overlong_cache_tokens(max_new_tokens),
         dynamic_sampling=config.dynamic_sampling if config.dynamic_sampling is not None else preset.dynamic_sampling,
         dynamic_sampling_rounds=config.dynamic_sampling_rounds, routing_share=config.routing_share,
-        replay_score_ratio=config.replay_score_ratio,
+        replay_score_ratio=config.replay_score_ratio, route_integrity=config.route_integrity,
     )
 
 

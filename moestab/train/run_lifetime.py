@@ -46,7 +46,7 @@ class NothingToLearnError(RuntimeError):
 
 
 RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "report_to",
-                    "report_expert_load_matrix", "resume", "out", "overwrite")
+                    "report_expert_load_matrix", "route_integrity", "resume", "out", "overwrite")
 """Settings a resumed run may change; every other one must equal the run's own (it shapes the numbers)."""
 
 NEW_RUN_REMEDY = "choose a writable --out"

@@ -48,6 +48,7 @@ from transformers import PreTrainedModel
 from moestab import rl
 from moestab.metrics import keys
 from moestab.recording.batch import RolloutBatch, cat_batches
+from moestab.recording.capture_check import refuse_broken_capture
 from moestab.recording.measurements import (
     FreeOldPolicy,
     Measurement,
@@ -98,6 +99,9 @@ class StepSettings:
     routing_share: bool = False
     """Score each minibatch once more on its update's weights with the other routing (``measurements.RoutingShare``)
     for routing's share of the ratio (``routing_share/*``)."""
+    route_integrity: str = "warn"
+    """``refuse``: judge the rollout's routes before the updates (``recording.capture_check``) and stop on a broken
+    capture; ``warn``: the step's ``routes/integrity/*`` keys only."""
 
 
 def minibatch_rows(batch_size: int, minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -449,6 +453,9 @@ def run_step(
                          "process would compute over its rows only: run them with nproc 1")
     for measure in measures:
         measure.before_updates(forwards, measured)
+    if s.route_integrity == "refuse":  # before any update replays the captured routes
+        filled = [m.filled()["routes_old_free"] for m in measures if "routes_old_free" in m.fills]
+        refuse_broken_capture(batch, old.free.routes if old.free is not None else next(iter(filled), None), s.replay)
     t1 = time.perf_counter()
     up = _updates(model, optimizer, batch, chunks, old, advantages, s, world, measured, measures, forwards)
     t_update = time.perf_counter() - t1

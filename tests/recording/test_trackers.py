@@ -51,12 +51,13 @@ def test_a_48_by_128_step_sends_hundreds_of_scalars_not_thousands_unless_the_mat
     totals = counts.sum(axis=1, keepdims=True)
     load = np.where(totals > 0, counts / np.maximum(totals, 1), 0.0).round(6).tolist()  # as experts/load is written
     row = _step_of_every_key(rng, load)
-    kinds = [keys.KEYS[key].kind for key in row if key != keys.STEP]
+    kinds = [keys.KEYS[key].kind for key in row if key != keys.STEP and key not in keys.INTEGRITY_LAYER_DETAIL]
     sizes = {keys.FLOAT: 1, keys.INT: 1, keys.PER_LAYER: LAYERS, keys.PER_MINIBATCH: MINIBATCHES,
              keys.PER_LAYER_EXPERT: 3}  # the matrix: its summary's three numbers
     expected = sum(sizes[kind] for kind in kinds)
     sent = scalars(row)
     assert len(sent) == expected < 1_500 and kinds.count(keys.PER_LAYER_EXPERT) == 1
+    assert all(k in row for k in keys.INTEGRITY_LAYER_DETAIL)  # the integrity checks' layer lists: metrics.jsonl only
     assert all(key.startswith(PREFIX) for key in sent)
     assert len(scalars(row, expert_load_matrix=True)) == expected + LAYERS * EXPERTS  # + 6,144
 

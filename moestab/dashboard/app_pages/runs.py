@@ -23,6 +23,13 @@ if not ctx.runs:
     )
     st.stop()
 
+def _capture(failed_steps: float | None) -> str | None:
+    """The captured routes' health at a glance: ``ok``, or how many steps failed a route-integrity check."""
+    if failed_steps is None or pd.isna(failed_steps):
+        return None  # written before the checks
+    return "ok" if failed_steps == 0 else f"{int(failed_steps)} steps failed"
+
+
 rows, problems = [], []
 for run in ctx.runs:
     loaded = loaders.overview(run.path, run.key)
@@ -51,6 +58,7 @@ for run in ctx.runs:
             "rollout_old_k3": row["rollout_old_k3"],
             "rollout_old_free_k3": row["rollout_old_free_k3"],
             "clip_token_frac_later": row["clip_token_frac_later"],
+            "capture": _capture(row["capture_failed_steps"]),
             "updated": row["updated"],
             "problem": row["damage"] or row["error"] or ("; ".join(loaded.skipped) if loaded.skipped else None),
         }
@@ -61,7 +69,7 @@ for run in ctx.runs:
 COLUMNS = [
     "run", "status", "algo", "replay", "model", "steps", "means_over", "final_accuracy", "warm_start_accuracy",
     "old_new_changed", "rollout_old_free_router_flip", "rollout_old_k3", "rollout_old_free_k3",
-    "clip_token_frac_later", "updated", "problem",
+    "clip_token_frac_later", "capture", "updated", "problem",
 ]  # fmt: skip
 SHARES = ["final_accuracy", "warm_start_accuracy", "old_new_changed", "rollout_old_free_router_flip",
           "clip_token_frac_later"]  # in percent, as README writes them
@@ -121,6 +129,12 @@ st.dataframe(
             "clipped tokens (mb 2..n)",
             help="Token-weighted clipped fraction over minibatches 2..n (GSPO Fig. 2), % of tokens, mean over the "
             "steps of *means over*",
+        ),
+        "capture": st.column_config.TextColumn(
+            "captured routes",
+            help="Route integrity of the rollout's routes (routes/integrity/*): ok, or how many steps failed a check "
+            "(coverage, ids, a constant layer, agreement with the trainer's routing); blank for runs written "
+            "before the checks. The run's warnings say which layer and check.",
         ),
         "updated": st.column_config.TextColumn("updated (UTC)"),
         "problem": st.column_config.TextColumn("problem", width="large"),

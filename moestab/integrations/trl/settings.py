@@ -11,6 +11,7 @@ import torch
 
 from moestab import rl
 from moestab.recording.measure_budget import MeasureBudget
+from moestab.run_folder.schema import INTEGRITY_POLICIES
 
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """TRL loss types that clip the ratio as PPO does (``min(w A, clip(w) A)``): moestab's ``ppo-clip``."""
@@ -47,6 +48,11 @@ class RecordSettings:
     routes freely). Costs about one no-grad forward of the generation batch per recorded step; changes nothing TRL
     computes. When TRL computes no pi_old (one optimizer step per generation batch) pi_old's routes are the loss
     forward's own, so the replayed side is the update itself and no forward runs."""
+    route_integrity: str = "warn"
+    """What a step whose generation routes fail a route-integrity check does (``routes/integrity/*``,
+    :mod:`moestab.metrics.integrity`): ``warn`` (log the first failing step, record it in run.json's warnings) or
+    ``refuse`` (write the step, then stop training with :class:`~moestab.metrics.integrity.BrokenCaptureError` naming
+    the step, layer and check). TRL's updates route freely, so no captured route is replayed either way."""
     report_expert_load_matrix: bool = False
     """Also send ``experts/load`` whole through TRL's ``log``, a series per layer and expert (6,144 a step for 48
     layers of 128 experts); by default only its summary goes (``moestab/experts/load/max_vio_max``, ``max_vio_mean``,
@@ -55,6 +61,8 @@ class RecordSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.record_fraction <= 1.0:
             raise ValueError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
+        if self.route_integrity not in INTEGRITY_POLICIES:
+            raise ValueError(f"route_integrity must be one of {list(INTEGRITY_POLICIES)}, got {self.route_integrity!r}")
         if not isinstance(self.budget, MeasureBudget):
             raise ValueError(f"budget must be a moestab.recording.measure_budget.MeasureBudget, got {self.budget!r}")
 

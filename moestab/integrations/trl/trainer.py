@@ -35,6 +35,7 @@ from moestab.integrations.trl.forwards import MicroStep, TrlForwards
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
+from moestab.recording.capture_check import verdict, warn_once
 from moestab.recording.environment import environment as run_environment
 from moestab.recording.measure_budget import RULE
 from moestab.recording.measurements import (
@@ -322,6 +323,10 @@ class TrlRecords:
         self.writer.update(last_step=step)
         self._unlogged.append(scalars(metrics, expert_load_matrix=self.settings.report_expert_load_matrix))
         self._warn_if_still(step, t, metrics)
+        broken = verdict(metrics, step=step, policy=self.settings.route_integrity)  # refuse: raised, step written
+        if broken is not None:
+            warn_once(broken, self.writer.read_info().warnings, self.writer.add_warning,
+                      lambda m: logger.warning("moestab: %s", m))
 
     def unlogged(self) -> dict[str, float]:
         """The tracker scalars (``moestab/<key>``) of the steps written since the last call, for TRL's next log: one
