@@ -67,6 +67,15 @@ class ImportedRoutes:
         :func:`moestab.recording.diagnostics.route_diagnostics` compares."""
         return self.routes.indices[self.scoring]
 
+    def integrity(self, reference: Any | None = None) -> dict[str, object]:
+        """``routes/integrity/*`` of the response tokens' routes (:mod:`moestab.metrics.integrity`): coverage, ids,
+        constant layers and wraparound from the payload alone; with ``reference`` (the trainer's routes of the same
+        tokens, ``[tokens, layers, top_k]``) the agreement against chance too."""
+        from moestab.metrics.integrity import route_integrity
+
+        ref = None if reference is None else np.asarray(torch.as_tensor(reference), dtype=np.int16)
+        return route_integrity(self.response_routes().numpy(), ref, num_experts=self.routes.num_experts)
+
     def per_token(self, per_response: Any, field: str) -> torch.Tensor:
         """A response-aligned ``[batch, R]`` tensor (log-probs as frameworks hold them: column ``t`` = response token
         ``t``) -> ``[tokens]`` in :meth:`response_routes`' order."""

@@ -163,5 +163,9 @@ def test_a_tiny_experiment_runs_reports_and_evaluates_its_checkpoints(tmp_path):
     assert math.isfinite(curves["load_entropy"].iloc[0])
     manifest = pd.read_csv(tmp_path / "results" / "manifest.csv")
     assert len(manifest) == len(runs) and manifest["commit"].notna().all()
+    problems = commit_problems(manifest)  # one commit; clean unless this checkout has uncommitted changes
+    assert all("modified tree" in p for p in problems) and (problems == []) == (not manifest["dirty"].any())
+    mixed = manifest.assign(commit=["a" * 40] + ["b" * 40] * (len(manifest) - 1), dirty=False)
+    assert any("mix commits" in p for p in commit_problems(mixed))
     rebuilt = pd.read_csv(tmp_path / "results" / "replication.csv")  # the committed runs of the same arm, seed, lr
     assert {"final_acc", "final_acc_committed", "same_final"} <= set(rebuilt.columns)

@@ -105,3 +105,20 @@ def test_agreement_is_reported_but_not_judged_when_asked_and_thresholds_are_sett
     dropped[:2] = -1  # coverage 0.99
     assert failures(route_integrity(dropped, num_experts=E)) == []
     assert failures(route_integrity(dropped, num_experts=E), Thresholds(coverage=0.995))
+
+
+def test_every_importer_hands_its_routes_to_the_checks():
+    """An ImportedRoutes (what every importer returns) checks itself: from the payload alone, and against the
+    trainer's routes."""
+    from moestab.experiments.integrity_faults import _imported, plant
+    from tests.support.route_payloads import EXPERTS, PROMPTS, RESPONSES, known_rows
+
+    rows = known_rows(0)
+    imported = _imported("verl", rows, PROMPTS, RESPONSES, EXPERTS)
+    alone = imported.integrity()
+    assert alone[keys.INTEGRITY_COVERAGE] == 1.0 and keys.INTEGRITY_AGREEMENT_BY_LAYER not in alone
+    reference = imported.response_routes()
+    assert imported.integrity(reference)[keys.INTEGRITY_LIFT] == 1.0
+    capture = type("C", (), {"rows": rows, "prompts": PROMPTS})()
+    dropped = _imported("verl", plant("rows_dropped", capture), PROMPTS, RESPONSES, EXPERTS)
+    assert dropped.integrity()[keys.INTEGRITY_COVERAGE] < 1.0
