@@ -24,7 +24,8 @@ HELP = "Summarise run folders: stability metrics per run as a table, JSON or CSV
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN", type=Path,
-                        help="run folder written by `moestab train` (probe folders are skipped, with a note)")
+                        help="run folder written by `moestab train`, or a folder of them (searched 3 levels down, as "
+                        "the dashboard searches; probe folders are skipped, with a note)")
     add_output_options(parser, json_what="the summary as a JSON list of objects (one per run)",
                        csv_what="the summary as CSV (one row per run)")
     parser.add_argument(
@@ -67,6 +68,31 @@ def _format_table(frame) -> str:
     """One column per run, one row per field: readable however many metrics there are."""
     shown = frame.drop(columns=["path", "damage"]).set_index("run").T  # damage: said on stderr
     return shown.to_string(na_rep="-", float_format=lambda x: f"{x:.4g}")
+
+
+def expand_runs(paths: list[Path]) -> list[Path]:
+    """Each path that is a run folder as itself; each other folder as the run folders under it, found as the
+    dashboard finds them (:func:`moestab.analysis.dashboard_data.find_runs`, 3 levels down), with a note naming how many
+    and which it left out as too deep; a folder with no run under it stays, to be reported."""
+    from moestab.analysis.dashboard_data import find_runs, runs_too_deep
+    from moestab.run_folder import RunFolder
+
+    out: list[Path] = []
+    for path in paths:
+        if not path.is_dir() or RunFolder(path).holds_run:
+            out.append(path)
+            continue
+        found = find_runs(path)
+        deep = runs_too_deep(path)
+        if not found:
+            out.append(path)  # not a run, none under it: a probe folder's note or an error, below
+            continue
+        print(f"moestab analyze: note: {path} holds {len(found)} run folder(s) (searched 3 levels down)"
+              + (f"; {len(deep)} lie deeper and are left out (give them directly): "
+                 + ", ".join(str(d) for d in deep[:3]) + (" ..." if len(deep) > 3 else "") if deep else ""),
+              file=sys.stderr)
+        out.extend(found)
+    return list(dict.fromkeys(out))  # a run named twice (a folder and a run in it) is summarised once
 
 
 def _summaries(paths: list[Path], said: set, steps: tuple[int, int] | None = None) -> tuple[list[dict], int]:
@@ -114,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"moestab analyze: error: {problem}", file=sys.stderr)
         return 2
     said: set = set()  # the summary and --plots may both find a corrupt file: said once
-    rows, errors = _summaries(args.runs, said, args.steps)
+    runs = expand_runs(args.runs)
+    rows, errors = _summaries(runs, said, args.steps)
     if not rows:
         print("moestab analyze: error: no readable run among the folders given", file=sys.stderr)
         return 1
@@ -122,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     frame = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+    if frame["run"].duplicated().any():  # seed-1 of two sweeps: name each by its path instead
+        frame["run"] = frame["path"]
     try:
         if args.json is not None:
             records = [

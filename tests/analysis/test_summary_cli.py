@@ -351,3 +351,25 @@ def test_steps_window_averages_every_run_over_the_same_steps(tmp_path, cli_main,
         with pytest.raises(SystemExit):
             cli_main(["analyze", str(run.path), "--steps", bad])
         assert "FIRST:LAST" in capsys.readouterr().err
+
+
+def test_a_folder_of_runs_is_searched_as_the_dashboard_searches_it(tmp_path, cli_main, capsys):
+    """`moestab analyze runs` and `moestab analyze runs/*` with runs one and two levels down (issue 54.1)."""
+    runs = tmp_path / "runs"
+    write_run(runs, "quick")
+    write_run(runs / "short" / "grpo", "seed-1")
+    write_run(runs / "short" / "gspo", "seed-1", seed=1)  # the same name in two sweeps
+    probe_folder(runs / "probes" / "compare-ab")
+    assert cli_main(["analyze", str(runs), "--json"]) == 0
+    captured = capsys.readouterr()
+    found = [r["run"] for r in json.loads(captured.out)]
+    assert found == [str(runs / "quick"), str(runs / "short" / "grpo" / "seed-1"),
+                     str(runs / "short" / "gspo" / "seed-1")]  # named by path: two are seed-1
+    assert f"{runs} holds 3 run folder(s) (searched 3 levels down)" in captured.err
+    assert cli_main(["analyze", *sorted(str(p) for p in runs.iterdir()), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)) == 3 and "error" not in captured.err
+    deep = runs / "a" / "b" / "c" / "d"
+    write_run(deep, "too-deep")
+    assert cli_main(["analyze", str(runs), "--json"]) == 0
+    assert "1 lie deeper and are left out" in capsys.readouterr().err
