@@ -30,9 +30,18 @@ ABSENT = "(absent)"
 IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", "progress", "report_to",
                              "report_expert_load_matrix", "steps"})
 """Config fields that tell runs apart (or say how a run was started, or how long it was planned to run) rather than
-which condition it ran: left out of the default grouping, so that the seeds of one condition fall into one group (a
-GRPO run planned for 17 steps and one for 57 ran the same condition; the step window compares them over the steps
-both have)."""
+which condition it ran."""
+MEASUREMENT_FIELDS = frozenset({"measure_every", "measure_fraction", "eval_every", "eval_size", "save_every",
+                                "threads", "record_fraction", "record_layers", "routing_share",
+                                "measure_base_routes", "route_integrity"})
+"""Config fields that say what was measured, how often, or how the run was computed, not how it trained: the
+measurement budget and its cadence, the eval cadence and size, the save cadence, torch's threads, the token tables'
+share and layers, the measure-only forwards (routing's share, the distance from the base) and the route-integrity
+policy."""
+NOT_CONDITION_FIELDS = IDENTITY_FIELDS | MEASUREMENT_FIELDS
+"""Left out of the default grouping, so that the seeds of one condition fall into one group however each was
+measured (the quick start measures every 4th step, a sweep every step; a GRPO run planned for 17 steps and one for
+57 ran the same condition; the step window compares them over the steps both have)."""
 
 SEED_FIELD = "seed"
 """The config field paired differences match runs by."""
@@ -80,11 +89,11 @@ def varying_fields(table: pd.DataFrame) -> list[str]:
 
 
 def default_group_fields(fields: Iterable[str], table: pd.DataFrame | None = None) -> list[str]:
-    """``fields`` without :data:`IDENTITY_FIELDS`: the conditions, so that seeds share a group. With the runs'
-    ``table`` (:func:`config_table`), also without the fields that are absent from some runs and off wherever present
+    """``fields`` without :data:`NOT_CONDITION_FIELDS`: the conditions, so that seeds share a group however each was
+    measured. With the runs' ``table`` (:func:`config_table`), also without the fields that are absent from some runs and off wherever present
     (one value among 0, false, null, empty): a run written before a setting existed ran without it, so it is no
     other condition (a field such as ``trainer: trl``, present in some runs only, still groups)."""
-    conditions = [field for field in fields if field not in IDENTITY_FIELDS]
+    conditions = [field for field in fields if field not in NOT_CONDITION_FIELDS]
     if table is None:
         return conditions
 

@@ -146,3 +146,14 @@ def test_planned_steps_are_no_condition() -> None:
     table = config_table({"g": {"algo": "grpo", "steps": 17, "seed": 0}, "s": {"algo": "gspo", "steps": 57, "seed": 0}})
     assert varying_fields(table) == ["algo", "steps"] and "steps" in IDENTITY_FIELDS
     assert default_group_fields(varying_fields(table), table) == ["algo"]
+
+
+def test_how_a_run_was_measured_is_no_condition() -> None:
+    """The quick start measures every 4th step and evaluates on 200 problems, a sweep every step on 1,000: the same
+    condition (issue 54.3). The lr still tells conditions apart."""
+    quick = {"algo": "grpo", "lr": 2e-4, "measure_every": 4, "eval_every": 10, "eval_size": 200, "threads": 2,
+             "save_every": 20, "routing_share": False, "record_fraction": 1.0, "seed": 0}
+    sweep = {**quick, "measure_every": 1, "eval_every": 5, "eval_size": 1000, "threads": 1, "save_every": 5,
+             "routing_share": True, "record_fraction": 0.5, "measure_base_routes": True, "seed": 1}
+    table = config_table({"quick": quick, "sweep": sweep, "other": {**sweep, "lr": 4e-4, "seed": 2}})
+    assert default_group_fields(varying_fields(table), table) == ["lr"]
