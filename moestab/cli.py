@@ -22,6 +22,7 @@ from moestab import __version__
 SUBCOMMANDS = {
     "train": "train",
     "analyze": "analyze",
+    "compare": "compare",
     "dashboard": "dashboard",
     "probe": "probe",
 }

@@ -90,9 +90,10 @@ def varying_fields(table: pd.DataFrame) -> list[str]:
 
 def default_group_fields(fields: Iterable[str], table: pd.DataFrame | None = None) -> list[str]:
     """``fields`` without :data:`NOT_CONDITION_FIELDS`: the conditions, so that seeds share a group however each was
-    measured. With the runs' ``table`` (:func:`config_table`), also without the fields that are absent from some runs and off wherever present
-    (one value among 0, false, null, empty): a run written before a setting existed ran without it, so it is no
-    other condition (a field such as ``trainer: trl``, present in some runs only, still groups)."""
+    measured. With the runs' ``table`` (:func:`config_table`), also without the fields that are absent from some
+    runs and off wherever present (one value among 0, false, null, empty): a run written before a setting existed ran
+    without it, so it is no other condition (a field such as ``trainer: trl``, present in some runs only, still
+    groups)."""
     conditions = [field for field in fields if field not in NOT_CONDITION_FIELDS]
     if table is None:
         return conditions
