@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ def _train(
     steps = _Steps(config, task, world, policy, run, max_new, log)
     # From here on run.json exists: every way out records how the run ended.
     start_accuracy = _on_main(world, lambda: run.open(policy.model_info, start_step, delete_first))
-    progress = _progress(config, start_step, enabled=world.is_main)
+    progress = _progress(config, start_step, log, enabled=world.is_main)
     with run.recording_the_end(start_step, policy.checkpoint_bytes) as closing:
         try:
             tracked = TrackedRun(run.run_dir, config_to_dict(config), start_step=start_step,
@@ -399,26 +400,40 @@ def _nothing_to_learn(config: TrainConfig, step: int, steps: int, start_accuracy
 
 
 class _Progress:
-    """tqdm bar showing reward and routing volatility (no-op when disabled)."""
+    """The run's progress: a tqdm bar (reward, routing volatility, eval) on a terminal; without one (``--no-progress``,
+    or stderr not a terminal: a log file, CI) a text line through ``log`` every ``every`` steps, with the time per step
+    and the time left. Nothing on the processes that are not the main one."""
 
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+    def __init__(self, total: int, initial: int, *, bar: bool, lines: bool, log: Callable[[str], None],
+                 every: int) -> None:
         self.bar = None
-        if enabled:
+        self.total, self.step, self.log, self.every = total, initial, (log if lines else None), every
+        self.started, self.first = time.monotonic(), initial
+        if bar:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stderr)
 
-    def update(self, metrics: dict) -> None:
-        if self.bar is None:
-            return
+    @staticmethod
+    def shown(metrics: dict) -> dict[str, str]:
         postfix = {"reward": f"{metrics[keys.REWARD_MEAN]:.2f}"}
         volatility = metrics.get(keys.ROUTING_CHANGED.format(pair="old_new"))
         if volatility is not None:  # absent on a step the measurement budget skips
             postfix["vol"] = f"{volatility:.3f}"
         if keys.EVAL_ACCURACY in metrics:
             postfix["eval"] = f"{metrics[keys.EVAL_ACCURACY]:.2f}"
-        self.bar.set_postfix(postfix)
-        self.bar.update(1)
+        return postfix
+
+    def update(self, metrics: dict) -> None:
+        self.step += 1
+        if self.bar is not None:
+            self.bar.set_postfix(self.shown(metrics))
+            self.bar.update(1)
+        elif self.log is not None and (self.step % self.every == 0 or self.step == self.total):
+            per_step = (time.monotonic() - self.started) / max(1, self.step - self.first)
+            left = per_step * (self.total - self.step)
+            shown = ", ".join(f"{k} {v}" for k, v in self.shown(metrics).items())
+            self.log(f"step {self.step}/{self.total}: {shown} ({per_step:.1f} s/step, ~{left / 60:.0f} min left)")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -426,5 +441,9 @@ class _Progress:
             self.bar = None
 
 
-def _progress(config: TrainConfig, start: int, *, enabled: bool = True) -> _Progress:
-    return _Progress(config.steps, start, config.progress and enabled)
+def _progress(config: TrainConfig, start: int, log: Callable[[str], None], *, enabled: bool = True) -> _Progress:
+    """The bar on a terminal with ``--progress``; else a line every tenth of the run (at least every step, at most
+    every 50)."""
+    bar = config.progress and enabled and sys.stderr.isatty()
+    return _Progress(config.steps, start, bar=bar, lines=enabled and not bar, log=log,
+                     every=min(50, max(1, config.steps // 10)))

@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,9 +110,13 @@ def warm_start(
         found = _published(path)  # built by the process that held the lock before
         if found is not None:
             return path, found
-        log(f"warm start: building the base policy ({task.spec}, target accuracy {spec.target:.0%})")
+        log(f"warm start: building the base policy of seed {spec.seed} ({task.spec}, target accuracy "
+            f"{spec.target:.0%}, at most {spec.max_steps} steps); built once and cached in {path} for every run of "
+            "this model, seed and task")
+        started = time.monotonic()
         with torch_threads(WARM_START_THREADS):
             model, tokenizer, step, accuracy = _train_base(spec, task, log)
+        log(f"warm start: done in {step} steps, {time.monotonic() - started:.0f} s; eval accuracy {accuracy:.1%}")
         record = {"steps": step, "accuracy": accuracy, "threads": WARM_START_THREADS, "key": spec.key(),
                   "spec": asdict(spec)}
         if accuracy < spec.target:
@@ -178,6 +183,7 @@ def _train_base(
     max_new = task.max_answer_chars + 1
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     accuracy, step = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new), 0
+    started = time.monotonic()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model.train()
@@ -192,7 +198,8 @@ def _train_base(
             if step % spec.eval_every == 0:
                 accuracy = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=max_new)
                 shown = "".join(f", {name} {value.item():.3f}" for name, value in parts.items())
-                log(f"warm start: step {step}, loss {loss.item():.3f}{shown}, eval accuracy {accuracy:.1%}")
+                log(f"warm start: step {step} of at most {spec.max_steps} ({time.monotonic() - started:.0f} s), "
+                    f"loss {loss.item():.3f}{shown}, eval accuracy {accuracy:.1%}")
     return model, tokenizer, step, accuracy
 
 
