@@ -121,6 +121,7 @@ def test_streamlit_run_from_the_checkout_is_headless_by_its_config(tmp_path: Pat
         text = wait_for(proc, log, lambda t: get_ok(port))
         assert_serves_the_app(port, text)
         assert "gatherUsageStats" not in text  # the usage-statistics notice is shown only while they are on
+        assert f"127.0.0.1:{port}" in text and "Network URL" not in text  # bound to loopback, as moestab dashboard
     finally:
         stop(proc)
 
