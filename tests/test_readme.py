@@ -49,6 +49,7 @@ HANDLING = {
     "python3 -m venv .venv-vllm": PARSED,
     "from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings": ELSEWHERE,
     "from trl import GRPOConfig": RUN,
+    "import random": ELSEWHERE,  # the TRL model that learns: tests/integrations/test_trl_learning.py runs it
     "from moestab.routes_in import import_routes": RUN,
     "# vLLM (RequestOutput objects or the server's JSON; 0.33's one-array layout has a row per decoder layer)": BOUND,
     "from moestab.integrations.verl import route_metrics": RUN,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from moestab.train.loop import RunResult, train
     from moestab.train.run_lifetime import TrainingError
 
-__all__ = ["RunResult", "TrainConfig", "TrainingError", "train"]
+__all__ = ["RunResult", "TrainConfig", "TrainingError", "train", "warm_started_base"]
 
 
 def __getattr__(name: str) -> object:
@@ -31,6 +31,10 @@ def __getattr__(name: str) -> object:
         from moestab.train import loop
 
         return getattr(loop, name)
+    if name == "warm_started_base":
+        from moestab.train.recipe import warm_started_base
+
+        return warm_started_base
     if name == "TrainingError":
         from moestab.train.run_lifetime import TrainingError
 

@@ -7,6 +7,7 @@ anything is written, which layers the token tables keep, and the settings each s
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,9 @@ from moestab.train.warm_start import WarmStartSpec, warm_start
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 """Config ``dtype`` / ``rollout_dtype`` -> torch dtype."""
+
+logger = logging.getLogger(__name__)
+"""The warm start's notes when no ``log`` is given."""
 
 
 def choose_device(name: str, world: World) -> torch.device:
@@ -66,6 +70,20 @@ def base_policy_path(config: TrainConfig, task: Task, log: Callable[[str], None]
     )
     path, record = warm_start(spec, task, cache_dir(config), log=log)
     return str(path), record
+
+
+def warm_started_base(model: str = "embedded", *, seed: int = 0, task: str = "arithmetic",
+                      cache_dir: str | None = None, log: Callable[[str], None] = logger.info) -> str:
+    """The folder of ``model`` (an embedded spec) warm-started on ``task`` for ``seed``, as ``moestab train`` starts
+    from it: built once (minutes on a CPU) and cached (``cache_dir``, else ``$MOESTAB_CACHE``, else
+    ``~/.cache/moestab``). A policy another trainer (TRL) can learn from: an untrained one answers nothing right, so
+    every reward and advantage is 0."""
+    from moestab.configs import build_config
+    from moestab.tasks import task_from_spec
+
+    config = build_config(TrainConfig, {"model": model, "seed": seed, "task": task, "cache_dir": cache_dir})
+    path, _ = base_policy_path(config, task_from_spec(config.task), log)
+    return path
 
 
 def hf_folder_problem(folder: Path) -> str:

@@ -74,10 +74,12 @@ def readme_configs() -> dict[str, dict[str, object]]:
             for node in tree.body if isinstance(node, ast.Assign)}
 
 
-def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, **overrides: object):
-    """README's snippet on ``model`` with the run folder ``root / "run"``; returns its trainer."""
+def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, dataset=None, **overrides: object):
+    """README's snippet on ``model`` with the run folder ``root / "run"`` (``dataset``: the tests' prompts by
+    default); returns its trainer."""
     env = {"model": model, "tokenizer": tokenizer, "reward": reward_funcs, "run_dir": root / "run",
-           "dataset": Dataset.from_dict({"prompt": PROMPTS}), "args": grpo_args(root / "trl", **overrides)}
+           "dataset": dataset if dataset is not None else Dataset.from_dict({"prompt": PROMPTS}),
+           "args": grpo_args(root / "trl", **overrides)}
     exec(readme_snippet(), env)
     return env["trainer"]
 

@@ -234,5 +234,5 @@ for cell, (key, data) in zip(ui.grid(len(shown), per_row=3), shown.items(), stri
             frame = label_fields(data.assign(group=data["run"].map(group_of)), table, group_of, fields)
             chart = charts.group_lines(frame, "value", series="run", tooltip=[GROUP], **style)
             alt_text = f"{key} against step, each run"
-        charts.show(chart, frame, alt_text)
+        charts.show(chart, frame, alt_text, value="mean" if "mean" in frame else "value")
         st.caption(f"`{key}`: {describe(key)}" if describe(key) else f"`{key}`")

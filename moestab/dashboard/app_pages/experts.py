@@ -61,7 +61,7 @@ for index, run in enumerate(runs):
                 chart = charts.heatmap(grid, "expert", "layer", "load", title=f"Expert load at step {shown}",
                                        xlabel="expert", ylabel="MoE layer", legend="share of routed slots",
                                        domain=(0.0, None))
-                charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}")
+                charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}", value="load")
             elif frame is not None:
                 st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD}`.")
         with entropy_cell:
@@ -69,7 +69,8 @@ for index, run in enumerate(runs):
             if len(entropy):
                 chart = charts.lines(entropy, "step", "value", series="layer", title="Load entropy per layer",
                                      xlabel="step", ylabel="entropy of the load (nats)", integer_x=True)
-                charts.show(chart, entropy, f"Load entropy per layer against step for {run.label}")
+                charts.show(chart, entropy, f"Load entropy per layer against step for {run.label}",
+                            value="value")
             elif frame is not None:
                 st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD_ENTROPY}`.")
         with coact_cell:

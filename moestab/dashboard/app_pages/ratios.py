@@ -65,7 +65,7 @@ for cell, (column, title, ylabel) in zip(
     with cell:
         chart = charts.lines(frame, "step", column, title=title, xlabel="step", ylabel=ylabel, colors=colors,
                              integer_x=True)
-        charts.show(chart, frame, f"{title} by step")
+        charts.show(chart, frame, f"{title} by step", value=column)
 
 st.header("Variance against response length")
 cells = st.columns(2)

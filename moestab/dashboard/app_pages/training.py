@@ -62,7 +62,7 @@ if frames and curves:
                              colors=colors, integer_x=True, points=key == keys.EVAL_ACCURACY or None,
                              percent=is_percent(key))
         with cell:
-            charts.show(chart, data, f"{title} against step")
+            charts.show(chart, data, f"{title} against step", value="value")
     with st.expander("Raw metrics"):
         for label, frame in frames.items():
             st.markdown(f"**{label}**")

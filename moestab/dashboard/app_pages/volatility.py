@@ -116,7 +116,8 @@ def show_heatmaps(run_label: str, grids: dict[tuple[str, str], tuple[pd.DataFram
             title = f"{run_label}: {PAIR_TITLES[pair]} ({source})"
             chart = charts.heatmap(grid, x, "layer", "changed", title=title, xlabel=xlabel, ylabel="MoE layer",
                                    legend=HEATMAP_VALUE, domain=(0.0, vmax), zoom=zoom)
-            charts.show(chart, grid, f"Heatmap of routing change {pair} by layer and {what} for {run_label}")
+            charts.show(chart, grid, f"Heatmap of routing change {pair} by layer and {what} for {run_label}",
+                        value="changed")
 
 
 def step_frame(pair: str) -> pd.DataFrame:
@@ -148,7 +149,7 @@ def side_by_side(pairs: list[str], make, x: str, xlabel: str, what: str, **kwarg
             title = f"{PAIR_TITLES[pair]} {what}"
             chart = charts.lines(data, x, "value", title=title, xlabel=xlabel, ylabel=METRICS[metric], colors=colors,
                                  **kwargs)
-            charts.show(chart, data, title)
+            charts.show(chart, data, title, value="value")
 
 
 st.header("Over steps")

@@ -17,6 +17,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from moestab.analysis.labels import FLOAT_PRECISION
+
 HEIGHT = 340
 TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
          "#17becf")
@@ -297,9 +299,28 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:80] or "chart"
 
 
-def show(chart: alt.TopLevelMixin, data: pd.DataFrame, alt_text: str) -> None:
+def flat(data: pd.DataFrame, value: str) -> str | None:
+    """Why a chart of ``data``'s ``value`` column would draw nothing but float noise, or None: every finite value 0,
+    or zero up to float rounding (below ``moestab.analysis.labels.FLOAT_PRECISION``, e.g. k3 under R3)."""
+    if value not in data:
+        return None
+    values = pd.to_numeric(data[value], errors="coerce").dropna().to_numpy()
+    if not len(values) or (abs(values) >= FLOAT_PRECISION).any():
+        return None
+    if (values == 0).all():
+        return "0 at every point"
+    return f"0 at float precision at every point (below {FLOAT_PRECISION:g})"
+
+
+def show(chart: alt.TopLevelMixin, data: pd.DataFrame, alt_text: str, value: str | None = None) -> None:
     """Render ``chart`` filling its container and, under it, a button that downloads ``data`` (the frame the
-    chart draws) as CSV. ``alt_text`` names the chart for screen readers and tests, and the CSV file."""
+    chart draws) as CSV. ``alt_text`` names the chart for screen readers and tests, and the CSV file. With ``value``
+    (the column the chart draws), a column that is 0, or 0 up to float rounding, everywhere is said in words instead
+    of drawn as if it were signal (:func:`flat`)."""
+    why = None if value is None else flat(data, value)
+    if why is not None:
+        st.info(f"{alt_text}: {why}, so there is nothing to draw.", icon=":material/horizontal_rule:")
+        return
     st.altair_chart(chart, width="stretch", alt=alt_text)
     st.download_button(
         "CSV",

@@ -71,6 +71,8 @@ UNSUPPORTED_FEATURES = {
 RUN_SUBFOLDERS = (schema.TOKENS_DIR,)
 """The run's subfolders: per-token tables only (TRL saves its own checkpoints, and the run cannot be resumed)."""
 
+NOTHING_TO_LEARN = "nothing to learn"
+"""Kind of the warning at the first step whose every advantage is 0 (once a run)."""
 logger = logging.getLogger(__name__)
 """Warnings about the run's numbers (:mod:`~moestab.integrations.trl.stillness`), also kept in run.json."""
 
@@ -323,6 +325,7 @@ class TrlRecords:
         self.writer.update(last_step=step)
         self._unlogged.append(scalars(metrics, expert_load_matrix=self.settings.report_expert_load_matrix))
         self._warn_if_still(step, t, metrics)
+        self._warn_if_nothing_to_learn(step, metrics)
         broken = verdict(metrics, step=step, policy=self.settings.route_integrity)  # refuse: raised, step written
         if broken is not None:
             warn_once(broken, self.writer.read_info().warnings, self.writer.add_warning,
@@ -334,6 +337,20 @@ class TrlRecords:
         merges its own numbers."""
         steps, self._unlogged = self._unlogged, []
         return mean_scalars(steps)
+
+    def _warn_if_nothing_to_learn(self, step: int, metrics: dict[str, Any]) -> None:
+        """A warning (logged, and in run.json's ``warnings``), once a run, at the first step whose every advantage is
+        0: every group's rewards were equal, so the policy loss had no gradient and the step's routing change came
+        from everything but learning (an untrained model that answers nothing right, or a reward that never varies)."""
+        if NOTHING_TO_LEARN in self._warned or metrics.get(keys.ADVANTAGE_NONZERO) != 0:
+            return
+        self._warned.add(NOTHING_TO_LEARN)
+        message = (f"step {step}: every advantage is 0 (each group's rewards were equal), so the policy loss had no "
+                   "gradient and routing/old_new/* measure no learning. A model that answers nothing right (an "
+                   "untrained one: start from a warm-started base, moestab.train.warm_started_base) or a reward "
+                   "that never varies gives this at every step")
+        logger.warning("moestab: %s", message)
+        self.writer.add_warning(message)
 
     def _warn_if_still(self, step: int, t: StepTensors, metrics: dict[str, Any]) -> None:
         """A warning (logged, and in run.json's ``warnings``), once a run for each kind, when the step's old->new
