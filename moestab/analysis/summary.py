@@ -54,6 +54,17 @@ SAMPLING_ERRORS: dict[str, str] = {
 """Summary column -> the per-step sampling error whose combination (:func:`moestab.metrics.sampling.mean_se`) is the
 sampling error of the step mean of the column without ``_se`` (runs under a measurement budget)."""
 
+def column_key(column: str) -> str | None:
+    """The metrics.jsonl key a summary column reports (its ``_se`` the same key's, the accuracies ``eval/accuracy``),
+    so every surface shows the column in that key's unit (:func:`moestab.analysis.labels.is_percent`); None for a
+    column that is no metric (``run``, ``steps``...)."""
+    if column in SUMMARY_KEYS:
+        return SUMMARY_KEYS[column]
+    if column.endswith("_se") and column.removesuffix("_se") in SUMMARY_KEYS:
+        return SUMMARY_KEYS[column.removesuffix("_se")]
+    return keys.EVAL_ACCURACY if column in ("final_accuracy", "warm_start_accuracy") else None
+
+
 SUMMARY_COLUMNS = (
     "run", "algo", "replay", "model", "status", "steps", "measured_steps", "final_accuracy", "warm_start_accuracy",
     *(c for column in SUMMARY_KEYS for c in (column, f"{column}_se") if c in SUMMARY_KEYS or c in SAMPLING_ERRORS),

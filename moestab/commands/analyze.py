@@ -65,9 +65,18 @@ def _report(skipped: list, stream, said: set) -> None:
 
 
 def _format_table(frame) -> str:
-    """One column per run, one row per field: readable however many metrics there are."""
-    shown = frame.drop(columns=["path", "damage"]).set_index("run").T  # damage: said on stderr
-    return shown.to_string(na_rep="-", float_format=lambda x: f"{x:.4g}")
+    """One column per run, one row per field: readable however many metrics there are. Each metric in its key's
+    unit, as every surface shows it (shares in percent: ``moestab.analysis.labels``); JSON and CSV keep fractions."""
+    from moestab.analysis.labels import format_value, is_percent
+    from moestab.analysis.summary import column_key
+
+    shown = frame.drop(columns=["path", "damage"]).set_index("run").astype(object)  # damage: said on stderr
+    for column in shown.columns:
+        key = column_key(column)
+        if key is not None:
+            percent = is_percent(key)
+            shown[column] = [format_value(v, percent) or "-" if v is not None else "-" for v in shown[column]]
+    return shown.T.to_string(na_rep="-")
 
 
 def expand_runs(paths: list[Path]) -> list[Path]:

@@ -1,9 +1,12 @@
 """Runs: one row per run folder (what it is, how far it got, its stability summary); pick runs to compare."""
 
+from functools import partial
+
 import pandas as pd
 import streamlit as st
 
-from moestab.analysis.labels import format_value
+from moestab.analysis.labels import format_value, is_percent
+from moestab.analysis.summary import column_key
 from moestab.dashboard.kit import loaders, ui
 
 ui.page_header(
@@ -71,9 +74,6 @@ COLUMNS = [
     "old_new_changed", "rollout_old_free_router_flip", "rollout_old_k3", "rollout_old_free_k3",
     "clip_token_frac_later", "capture", "updated", "problem",
 ]  # fmt: skip
-SHARES = ["final_accuracy", "warm_start_accuracy", "old_new_changed", "rollout_old_free_router_flip",
-          "clip_token_frac_later"]  # in percent, as README writes them
-NUMBERS = ["rollout_old_k3", "rollout_old_free_k3"]
 table = pd.DataFrame(rows).reindex(columns=COLUMNS)
 spans = table["means_over"].dropna().unique()
 if len(spans) > 1:
@@ -86,10 +86,8 @@ if len(spans) > 1:
     )
 # Numbers stay numbers (the table sorts by them); what a cell shows is format_value's text: percent for shares, a
 # value at float precision (k3 ~ 1e-13 under R3) as 0, a missing one blank.
-shown = table.style.format({
-    **{column: lambda v: format_value(v, percent=True) for column in SHARES},
-    **{column: format_value for column in NUMBERS},
-})
+PERCENT = {column: is_percent(key) for column in COLUMNS if (key := column_key(column)) is not None}
+shown = table.style.format({column: partial(format_value, percent=percent) for column, percent in PERCENT.items()})
 st.dataframe(
     shown,
     hide_index=True,
