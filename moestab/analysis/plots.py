@@ -21,6 +21,7 @@ from matplotlib.ticker import MaxNLocator
 from moestab.analysis.attribution import Attribution, run_attribution
 from moestab.analysis.dashboard_data import metric_curve
 from moestab.analysis.experts import metrics_per_layer
+from moestab.analysis.labels import is_percent
 from moestab.analysis.ratios import ratio_histograms
 from moestab.analysis.volatility import run_volatility, volatility_table
 from moestab.metrics import keys
@@ -29,9 +30,11 @@ from moestab.run_folder.errors import RunFileError, Skipped, skip
 from moestab.run_folder.reader import list_token_files, load_metrics, load_tokens, read_run_info
 
 CURVE_KEYS = ((keys.REWARD_MEAN, "reward (mean)", "reward per response (task's scale)"),
-              (keys.ACCURACY, "rollout accuracy", "fraction of responses correct"),
-              (keys.EVAL_ACCURACY, "eval accuracy (step 0 = start)", "fraction of the eval set correct"))
-"""(metrics.jsonl key, title, y label with its unit) of each panel of :func:`plot_curves`."""
+              (keys.ACCURACY, "rollout accuracy", "% of responses correct"),
+              (keys.EVAL_ACCURACY, "eval accuracy (step 0 = start)", "% of the eval set correct"),
+              (keys.ROUTING_CHANGED.format(pair="old_new"), "routing change old -> new", "% of routed slots"))
+"""(metrics.jsonl key, title, y label with its unit) of each panel of :func:`plot_curves`; shares are drawn in
+percent, as every surface shows them (``moestab.analysis.labels.is_percent``)."""
 
 
 def _figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list]:
@@ -61,7 +64,7 @@ def plot_curves(metrics: pd.DataFrame, start_accuracy: Mapping[str, float] | flo
     accuracy for several runs), drawn at step 0 of the eval curve: the eval at start has no metrics.jsonl line,
     so without it the eval curve would begin at the first eval step.
     """
-    fig, axes = _figure(len(CURVE_KEYS))
+    fig, axes = _figure(len(CURVE_KEYS), width=4.2)
     several = "run" in metrics
     groups = metrics.groupby("run", sort=False) if several else [(None, metrics)]
     for name, part in groups:
@@ -70,7 +73,8 @@ def plot_curves(metrics: pd.DataFrame, start_accuracy: Mapping[str, float] | flo
             eval_key = key == keys.EVAL_ACCURACY
             curve = metric_curve(part, key, start if eval_key and start is not None and np.isfinite(start) else None)
             if len(curve):
-                ax.plot(curve["step"], curve["value"], marker="o" if eval_key else None, label=name)
+                scale = 100.0 if is_percent(key) else 1.0
+                ax.plot(curve["step"], curve["value"] * scale, marker="o" if eval_key else None, label=name)
     for ax, (_, title, ylabel) in zip(axes, CURVE_KEYS, strict=True):
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -87,13 +91,13 @@ def plot_volatility_heatmap(table: pd.DataFrame, value: str = "changed", title: 
     fig, (ax,) = _figure(width=7.0, height=4.5)
     if grid.size:
         image = ax.imshow(
-            grid.to_numpy(np.float64),
+            grid.to_numpy(np.float64) * 100,  # percent, as every surface shows a share
             aspect="auto",
             origin="lower",
             interpolation="nearest",
             extent=(grid.columns.min() - 0.5, grid.columns.max() + 0.5, -0.5, len(grid.index) - 0.5),
         )
-        fig.colorbar(image, ax=ax, label=f"{value} (fraction of routing decisions)")
+        fig.colorbar(image, ax=ax, label=f"{value} (% of routed slots)")
         ticks = np.linspace(0, len(grid.index) - 1, min(len(grid.index), 8)).round().astype(int)
         ax.set_yticks(ticks, [str(grid.index[i]) for i in ticks])
     ax.set_xlabel("step")

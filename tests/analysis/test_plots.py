@@ -22,8 +22,9 @@ def eval_points(fig) -> list[tuple[float, float]]:
 
 def test_the_eval_curve_starts_with_the_eval_at_start(fake_run):
     figures = run_figures(fake_run.path)
-    # conftest: warm start 0.25 (run.json, not a metrics.jsonl line), evals 0.5 at step 1 and 0.625 at step 3.
-    assert eval_points(figures["curves.png"]) == [(0, 0.25), (1, 0.5), (3, 0.625)]
+    # conftest: warm start 0.25 (run.json, not a metrics.jsonl line), evals 0.5 at step 1 and 0.625 at step 3; drawn
+    # in percent, as every surface shows accuracy.
+    assert eval_points(figures["curves.png"]) == [(0, 25.0), (1, 50.0), (3, 62.5)]
     # The other panels are per-step metrics: no step 0.
     for ax in figures["curves.png"].axes[:EVAL_PANEL]:
         (line,) = ax.get_lines()
@@ -35,7 +36,7 @@ def test_several_runs_each_start_from_their_own_start_eval(tmp_path):
     metrics = pd.concat([pd.DataFrame(run.metrics).assign(run=name) for name, run in runs.items()], ignore_index=True)
     fig = plot_curves(metrics, {"a": 0.125, "b": float("nan")})  # b: no start eval recorded
     lines = {line.get_label(): line for line in fig.axes[EVAL_PANEL].get_lines()}
-    assert lines["a"].get_xdata().tolist() == [0, 1, 3] and lines["a"].get_ydata()[0] == 0.125
+    assert lines["a"].get_xdata().tolist() == [0, 1, 3] and lines["a"].get_ydata()[0] == 12.5
     assert lines["b"].get_xdata().tolist() == [1, 3]
 
 
@@ -55,5 +56,5 @@ def test_every_axes_has_a_y_label_and_step_axes_tick_whole_steps(fake_run):
             low, high = sorted(ax.get_xlim())
             ticks = np.asarray([t for t in ax.get_xticks() if low <= t <= high])
             assert len(ticks) >= 2 and np.array_equal(ticks, ticks.round()), f"{name}: x ticks {ticks}"
-    assert step_axes == 6  # the three curves and the three heatmaps
+    assert step_axes == 7  # the four curves (routing change among them) and the three heatmaps
 
