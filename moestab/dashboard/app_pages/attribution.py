@@ -95,8 +95,26 @@ st.caption(
     "For clipped and extreme (|log w| > ln 2) tokens: the share that flipped against the base flip rate; "
     "lift > 1 means flips are over-represented among them."
 )
+SHARE = "%.1f%%"
 st.dataframe(
-    explained[["run", *[c for c in explained.columns if c != "run"]]].replace({np.inf: np.nan}),
+    explained[["run", *[c for c in explained.columns if c != "run"]]].replace({np.inf: np.nan}).assign(
+        **{c: lambda f, c=c: f[c] * 100 for c in ("flip_rate_in_event", "base_flip_rate", "event_rate_flipped",
+                                                 "event_rate_unflipped")}),
     hide_index=True,
     width="stretch",
+    column_config={
+        "event": st.column_config.TextColumn("tokens", help="clipped: the loss clipped their ratio; extreme: "
+                                             "|log w| > ln 2"),
+        "events": st.column_config.NumberColumn("how many"),
+        "flip_rate_in_event": st.column_config.NumberColumn("flipped among them", format=SHARE,
+                                                            help="P(flip | event), % of these tokens"),
+        "base_flip_rate": st.column_config.NumberColumn("flipped among all tokens", format=SHARE,
+                                                        help="P(flip), % of every recorded token"),
+        "lift": st.column_config.NumberColumn("over-representation of flips", format="%.2fx",
+                                              help="flipped among them / flipped among all: above 1x, flips are "
+                                              "over-represented among these tokens"),
+        "event_rate_flipped": st.column_config.NumberColumn("share of flipped tokens with the event", format=SHARE),
+        "event_rate_unflipped": st.column_config.NumberColumn("share of unflipped tokens with the event",
+                                                              format=SHARE),
+    },
 )

@@ -164,9 +164,10 @@ st.caption(
 )
 side_by_side(
     ["update_old", "old_new"],
-    lambda p: view_frame(p, "minibatch", "minibatch"),
+    lambda p: (lambda f: f.assign(minibatch=f["minibatch"] + 1) if len(f) else f)(
+        view_frame(p, "minibatch", "minibatch")),  # 1-based, as README counts minibatches
     "minibatch",
-    "minibatch index (update order within the step)",
+    "minibatch (1 = the first update of the step, as README counts them)",
     "by minibatch",
     integer_x=True,
 )
