@@ -173,15 +173,17 @@ for arm in ("moe_grpo_r3", "moe_grpo_r2"):
 half = outcomes[outcomes["lr"] == design.lr * 0.5].groupby("arm")["final_acc"].mean()
 slow_base = outcomes[(outcomes["lr"] == design.lr * 0.5) & (outcomes["arm"] == powered.BASELINE)].set_index("seed")
 fast_const = comparison[comparison["arm"] == "constant_grpo"].set_index("seed").loc[slow_base.index]
-below = paired_interval(slow_base["final_acc"].tolist(), fast_const["final_acc"].tolist())
+# Only where the ladder has half the lr (the smoke design has none).
+below = paired_interval(slow_base["final_acc"].tolist(), fast_const["final_acc"].tolist()) if len(slow_base) else None
 wins = int((slow_base["final_acc"] > fast_const["final_acc"]).sum())
 mean_eval = drift.posthoc_sd(curves, design.lr)
 gspo_vol = first.loc["moe_gspo_off", "mean"]
 display(pd.DataFrame({k: {"mean": v.mean, "ci_low": v.low, "ci_high": v.high, "n": v.n} for k, v in posthoc.items()})
         .T.round(4))
 print(f"final accuracy at lr {design.lr * 0.5:g}, per arm: " + ", ".join(f"{a} {v:.1%}" for a, v in half.items()))
-print(f"baseline at lr {design.lr * 0.5:g} - routing-constant at {design.lr:g}, seeds {list(slow_base.index)}: "
-      f"{below.mean:+.1%} ({below.low:+.1%}, {below.high:+.1%}); baseline higher on {wins} of {below.n}")
+if below is not None:
+    print(f"baseline at lr {design.lr * 0.5:g} - routing-constant at {design.lr:g}, seeds {list(slow_base.index)}: "
+          f"{below.mean:+.1%} ({below.low:+.1%}, {below.high:+.1%}); baseline higher on {wins} of {below.n}")
 print("paired sd of the mean eval accuracy (steps 10-100), arm - baseline: "
       + ", ".join(f"{a} {v:.1%}" for a, v in mean_eval.items()))
 grpo_vol = first.loc[powered.BASELINE, "mean"]
@@ -216,7 +218,8 @@ for name, ci in posthoc.items():
     findings.update({f"posthoc.{name}.mean": ci.mean, f"posthoc.{name}.ci_low": ci.low,
                      f"posthoc.{name}.ci_high": ci.high})
 findings.update({"half_lr.final_min": half.min(), "half_lr.final_max": half.max(),
-                 "below.slow_base_minus_constant": below.mean, "below.wins": wins, "below.n": below.n,
+                 "below.slow_base_minus_constant": below.mean if below else None, "below.wins": wins,
+                 "below.n": below.n if below else 0,
                  "mean_eval.sd_min": mean_eval.drop("dense_grpo_off", errors="ignore").min(),
                  "mean_eval.sd_max": mean_eval.drop("dense_grpo_off", errors="ignore").max(),
                  "mean_eval.sd_dense": mean_eval.get("dense_grpo_off"), "vol_gspo_first.mean": gspo_vol})

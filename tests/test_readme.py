@@ -261,8 +261,9 @@ def test_every_other_importer_call_binds_to_its_importer():
 
 
 def test_the_trl_block_is_the_one_test_trl_callback_runs():
-    source = (ROOT / "tests" / "integrations" / "test_trl_callback.py").read_text()
+    source = (ROOT / "tests" / "support" / "trl.py").read_text()  # run_snippet, which test_trl_callback runs
     assert "exec(readme_snippet(), env)" in source and "## Inside TRL's GRPOTrainer" in source
+    assert "run_snippet(" in (ROOT / "tests" / "integrations" / "test_trl_callback.py").read_text()
     text = README.read_text()
     section = text[text.index("## Inside TRL's GRPOTrainer") :]
     assert section.index("from moestab.integrations.trl import MoestabGRPOTrainer") < section.index("\n## ", 1)

@@ -43,7 +43,16 @@ from moestab.routing import RecordingError, RoutingRecorder
 from moestab.run_folder import schema
 from moestab.run_folder.reader import list_token_files, load_metrics, read_routes, read_run_info
 from tests.support.tables import TOKEN_COLUMNS, token_frame
-from tests.support.trl import LAYERS, PROMPTS, TOP_K, grpo_args, moestab_hooks, reward
+from tests.support.trl import (
+    LAYERS,
+    PROMPTS,
+    TOP_K,
+    grpo_args,
+    moestab_hooks,
+    readme_blocks,
+    reward,
+    run_snippet,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE_METRICS = ["routing/old_new/changed", "routing/old_new/router_flip", "routing/old_new/token_flip",
@@ -53,35 +62,12 @@ ROUTE_METRICS = ["routing/old_new/changed", "routing/old_new/router_flip", "rout
                  "experts/routing_confidence", "entropy", "minibatches", "response/length_mean", "time/step_s"]
 
 
-def readme_blocks() -> list[str]:
-    """The code blocks of README.md's "Inside TRL's GRPOTrainer" section."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Inside TRL's GRPOTrainer") :]
-    section = section[: section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.+?)\n```", section, re.S)
-
-
-def readme_snippet() -> str:
-    """The section's first code block, the trainer, run here as written."""
-    return readme_blocks()[0]
-
-
 def readme_configs() -> dict[str, dict[str, object]]:
     """The keyword arguments of each ``name = GRPOConfig(...)`` of the section's second block, as written (the block
     itself needs a GPU for GRPOConfig's default bf16)."""
     tree = ast.parse(readme_blocks()[1])
     return {node.targets[0].id: {kw.arg: ast.literal_eval(kw.value) for kw in node.value.keywords}
             for node in tree.body if isinstance(node, ast.Assign)}
-
-
-def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, dataset=None, **overrides: object):
-    """README's snippet on ``model`` with the run folder ``root / "run"`` (``dataset``: the tests' prompts by
-    default); returns its trainer."""
-    env = {"model": model, "tokenizer": tokenizer, "reward": reward_funcs, "run_dir": root / "run",
-           "dataset": dataset if dataset is not None else Dataset.from_dict({"prompt": PROMPTS}),
-           "args": grpo_args(root / "trl", **overrides)}
-    exec(readme_snippet(), env)
-    return env["trainer"]
 
 
 def train_with_records(root: Path, **overrides: object) -> tuple[Path, object]:

@@ -14,7 +14,7 @@ from moestab.metrics import keys
 from moestab.models import EmbeddedModelSpec, build_embedded_policy
 from moestab.run_folder import schema
 from moestab.run_folder.run_info import read_run_info
-from tests.integrations.test_trl_callback import readme_blocks, run_snippet
+from tests.support.trl import readme_blocks, run_snippet
 
 NOTHING = "every advantage is 0"
 

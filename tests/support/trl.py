@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,3 +38,30 @@ def moestab_hooks(model) -> int:
     hooks = [h for m in model.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())]
     return sum(getattr(h, "__module__", "").startswith("moestab.") for h in hooks)
 
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_blocks() -> list[str]:
+    """The code blocks of README.md's "Inside TRL's GRPOTrainer" section."""
+    text = README.read_text()
+    section = text[text.index("## Inside TRL's GRPOTrainer") :]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.+?)\n```", section, re.S)
+
+
+def readme_snippet() -> str:
+    """The section's first code block, the trainer, run here as written."""
+    return readme_blocks()[0]
+
+
+def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, dataset=None, **overrides: object):
+    """README's snippet on ``model`` with the run folder ``root / "run"`` (``dataset``: the tests' prompts by
+    default); returns its trainer."""
+    from datasets import Dataset  # TRL's own dependency
+
+    env = {"model": model, "tokenizer": tokenizer, "reward": reward_funcs, "run_dir": root / "run",
+           "dataset": dataset if dataset is not None else Dataset.from_dict({"prompt": PROMPTS}),
+           "args": grpo_args(root / "trl", **overrides)}
+    exec(readme_snippet(), env)
+    return env["trainer"]

@@ -299,6 +299,9 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:80] or "chart"
 
 
+ZEROS = "0 at every point"
+
+
 def flat(data: pd.DataFrame, value: str) -> str | None:
     """Why a chart of ``data``'s ``value`` column would draw nothing but float noise, or None: every finite value 0,
     or zero up to float rounding (below ``moestab.analysis.labels.FLOAT_PRECISION``, e.g. k3 under R3)."""
@@ -308,7 +311,7 @@ def flat(data: pd.DataFrame, value: str) -> str | None:
     if not len(values) or (abs(values) >= FLOAT_PRECISION).any():
         return None
     if (values == 0).all():
-        return "0 at every point"
+        return ZEROS
     return f"0 at float precision at every point (below {FLOAT_PRECISION:g})"
 
 
@@ -316,11 +319,14 @@ def show(chart: alt.TopLevelMixin, data: pd.DataFrame, alt_text: str, value: str
     """Render ``chart`` filling its container and, under it, a button that downloads ``data`` (the frame the
     chart draws) as CSV. ``alt_text`` names the chart for screen readers and tests, and the CSV file. With ``value``
     (the column the chart draws), a column that is 0, or 0 up to float rounding, everywhere is said in words instead
-    of drawn as if it were signal (:func:`flat`)."""
+    of drawn as if it were signal, and a column that is exactly 0 everywhere is drawn with a caption saying so
+    (:func:`flat`)."""
     why = None if value is None else flat(data, value)
-    if why is not None:
+    if why is not None and why != ZEROS:  # float noise: not signal, not drawn
         st.info(f"{alt_text}: {why}, so there is nothing to draw.", icon=":material/horizontal_rule:")
         return
+    if why == ZEROS:  # a true 0 (an accuracy of 0, no routing change under R3) is data: drawn, and said
+        st.caption(f"{alt_text}: {ZEROS}.")
     st.altair_chart(chart, width="stretch", alt=alt_text)
     st.download_button(
         "CSV",
