@@ -134,6 +134,11 @@ def experts_part(
         if counts.ndim != 2 or counts.shape[0] != layers:
             raise ValueError(f"expert_counts must be [layers, experts] with {layers} layers, got shape "
                              f"{tuple(counts.shape)}")
+        if not np.issubdtype(counts.dtype, np.number) or not np.isfinite(counts).all() or (counts < 0).any():
+            bad = np.argwhere(~np.isfinite(counts) | (counts < 0))[0] if np.issubdtype(counts.dtype, np.number) \
+                else None
+            where = "" if bad is None else f": expert_counts[{bad[0]}, {bad[1]}] is {counts[tuple(bad)].item()!r}"
+            raise ValueError(f"expert_counts are tokens routed to each expert, finite and >= 0{where}")
     elif num_experts is not None:
         counts = count_experts(trainer, num_experts)  # [layers, experts]
     else:

@@ -169,7 +169,12 @@ TRACKERS: dict[str, Callable[[TrackedRun], Tracker]] = {
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
-    """Raise ``ConfigError`` for an unknown tracker or one whose extra is not installed."""
+    """Raise ``ConfigError`` for an unknown tracker, one named twice (it would log every scalar twice) or one whose
+    extra is not installed."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"report_to: {', '.join(twice)} named twice; name each tracker once (valid: "
+                          f"{', '.join(TRACKERS)})")
     for name in names:
         if name not in TRACKERS:
             raise ConfigError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")

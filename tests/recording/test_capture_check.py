@@ -75,3 +75,20 @@ def test_an_unknown_policy_is_refused_everywhere(tmp_path):
     with pytest.raises(ConfigError, match="route_integrity"):
         tiny_config(tmp_path / "run", tmp_path / "cache", route_integrity="ignore")
     assert not (tmp_path / "run").exists()
+
+
+def test_hostile_expert_counts_and_a_tracker_named_twice_are_refused(tmp_path):
+    """Issue 55.4 and 55.5: negative expert counts are not a load; the same tracker twice would log every scalar
+    twice."""
+    trainer = _routes()
+    counts = np.ones((LAYERS, E), np.int64)
+    counts[1, 3] = -5
+    with pytest.raises(ValueError, match=r"expert_counts\[1, 3\] is -5"):
+        route_diagnostics(trainer, trainer, expert_counts=counts)
+    assert keys.EXPERTS_MAX_VIO in route_diagnostics(trainer, trainer, expert_counts=np.abs(counts))
+    with pytest.raises(ConfigError, match="tensorboard named twice"):
+        tiny_config(tmp_path / "run", tmp_path / "cache", report_to=("tensorboard", "tensorboard"))
+    with pytest.raises(ConfigError, match="named twice"):
+        DiagnosticsRun(tmp_path / "d", trainer="x", layers=[0], num_experts=E, top_k=K,
+                       report_to=("wandb", "wandb"))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "d").exists()
