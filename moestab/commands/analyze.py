@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     from moestab.run_folder.reader import finite_or_none
 
     problem = output_problem(args.json, args.csv)
+    if problem is None and args.plots is not None and args.plots.exists() and not args.plots.is_dir():
+        problem = f"--plots {args.plots} is a file; give a folder for the figures (it is created if missing)"
     if problem is None and args.plots is not None:
         try:
             require("plots", "moestab analyze --plots")

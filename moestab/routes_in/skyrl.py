@@ -59,6 +59,9 @@ def from_skyrl(
         raise PayloadError(f"generator_output.rollout_expert_indices must hold one [tokens, layers, top_k] array per "
                            f"trajectory: {len(prompts)} prompts, {len(responses)} responses, "
                            f"{'None' if routes is None else len(routes)} route arrays")
+    if masks is not None and len(masks) != len(responses):
+        raise PayloadError(f"generator_output.loss_masks holds {len(masks)} masks for {len(responses)} trajectories; "
+                           "give one per trajectory, or none")
     sequences = []
     for i, (prompt, response, value) in enumerate(zip(prompts, responses, routes, strict=True)):
         field = f"generator_output.rollout_expert_indices[{i}]"

@@ -118,7 +118,12 @@ def from_verl(
     field = f"batch[{key!r}]"
     raw, attention = padded_routes(tensor(tensors, key), tensor(tensors, "attention_mask"), top_k, field)
     size, length = raw.shape[:2]
-    width_r = int(tensor(tensors, "responses").shape[1])
+    responses = tensor(tensors, "responses")
+    if len(getattr(responses, "shape", ())) != 2:
+        raise PayloadError(f"batch['responses'] must be a [batch, response_len] tensor or array, got "
+                           f"{type(responses).__name__}" + (f" of shape {tuple(responses.shape)}"
+                                                            if hasattr(responses, "shape") else ""))
+    width_r = int(responses.shape[1])
     if not 1 <= width_r < length:
         raise PayloadError(f"batch['responses'] is {width_r} wide but {field} covers {length} positions: no prompt")
     mask = tensors["response_mask"] if has(tensors, "response_mask") else attention[:, length - width_r :]

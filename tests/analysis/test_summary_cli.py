@@ -373,3 +373,14 @@ def test_a_folder_of_runs_is_searched_as_the_dashboard_searches_it(tmp_path, cli
     write_run(deep, "too-deep")
     assert cli_main(["analyze", str(runs), "--json"]) == 0
     assert "1 lie deeper and are left out" in capsys.readouterr().err
+
+
+def test_plots_into_a_file_is_refused_before_anything_is_read(tmp_path, cli_main, capsys):
+    """Issue 55.7: `moestab analyze RUN --plots FILE` ended in a NotADirectoryError traceback."""
+    run = write_run(tmp_path, "a")
+    target = tmp_path / "figures.png"
+    target.write_text("the user's")
+    assert cli_main(["analyze", str(run.path), "--plots", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"--plots {target} is a file; give a folder" in err and "Traceback" not in err
+    assert target.read_text() == "the user's"

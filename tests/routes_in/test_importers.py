@@ -338,3 +338,20 @@ def test_the_registry_names_every_framework_and_refuses_others():
                               "tunix", "maxtext", "slime"}
     with pytest.raises(ValueError, match=r"no route importer named 'vlm'; valid: vllm, sglang, verl, megatron"):
         importer("vlm")
+
+
+def test_hostile_skyrl_masks_and_verl_responses_are_payload_errors():
+    """Issue 55.7: loss_masks shorter than the trajectories (IndexError) and verl's responses as a list
+    (AttributeError) ended in tracebacks."""
+    from tests.support.route_payloads import known_rows, verl_batch
+
+    rows = known_rows(0)
+    batch = verl_batch(rows)
+    batch["responses"] = batch["responses"].tolist()
+    with pytest.raises(PayloadError, match=r"batch\['responses'\] must be a \[batch, response_len\] tensor or array, "
+                                           r"got list"):
+        import_routes("verl", batch, num_experts=EXPERTS)
+    output = {"prompt_token_ids": [[1] * p for p in PROMPTS], "response_ids": [[2] * r for r in RESPONSES],
+              "rollout_expert_indices": [seq for seq in rows], "loss_masks": [[1] * RESPONSES[0]]}
+    with pytest.raises(PayloadError, match="loss_masks holds 1 masks for 2 trajectories"):
+        import_routes("skyrl", output, num_experts=EXPERTS)
