@@ -319,6 +319,7 @@ class DiagnosticsRun:
             stack.enter_context(self.folder.lock(note=logger.warning))  # a dead writer's lock taken over
             if self.folder.check_new(overwrite=self.overwrite, remedies=REMEDIES):
                 self.folder.clear()
+            self.folder.check_tracker_folders(self.report_to)  # before run.json: no link out, no file in the way
             writer = RunWriter(self.folder.path)
             environment = {"moestab": __version__, "host": socket.gethostname(), "trainer": self.config["trainer"]}
             info = writer.start(config=self.config, model=self.model, environment=environment,

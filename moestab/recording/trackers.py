@@ -195,6 +195,7 @@ def open_trackers(names: tuple[str, ...], run: TrackedRun, *,
     """The trackers ``names`` for ``run``, as one ``log(metrics_row, step)`` that sends :func:`scalars` of the row
     (``expert_load_matrix``: also every layer and expert of ``experts/load``); closed on exit."""
     opened: list[Tracker] = []
+    RunFolder(run.run_dir).check_tracker_folders(names)  # no link followed out of the run, no file in the way
     try:
         for name in names:
             opened.append(TRACKERS[name](run))

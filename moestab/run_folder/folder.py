@@ -95,6 +95,19 @@ class RunFolder:
     def tensorboard_dir(self) -> Path:
         return self.path / schema.TENSORBOARD_DIR
 
+    def check_tracker_folders(self, trackers: tuple[str, ...] | list[str]) -> None:
+        """Refuse, before anything is written, a tracker's folder in this run that is a link (its files would land
+        outside the run folder) or a file (the tracker could not write there): :class:`RunFolderError` naming it."""
+        for name in trackers:
+            sub = schema.TRACKER_FOLDERS.get(name)
+            if sub is None:
+                continue
+            path = self.path / sub
+            if path.is_symlink():
+                raise RunFolderError(f"{path} is a link; {name} writes only inside the run folder: remove the link")
+            if path.exists() and not path.is_dir():
+                raise RunFolderError(f"{path} is a file, not {name}'s folder: move it out of the run folder")
+
     def subfolders(self) -> list[Path]:
         """:data:`RUN_SUBFOLDERS`, in this run."""
         return [self.path / sub for sub in RUN_SUBFOLDERS]

@@ -32,6 +32,8 @@ STATE_DIR = "state"  # optimizer / RNG state for --resume
 TENSORBOARD_DIR = "tensorboard"  # event files of --report-to tensorboard (W&B writes wandb/ beside it)
 LOCK_FILE = ".moestab.lock"  # held by the process writing the run (records/lock.py); absent when none is
 WANDB_DIR = "wandb"  # W&B's files of --report-to wandb
+TRACKER_FOLDERS = {"tensorboard": TENSORBOARD_DIR, "wandb": WANDB_DIR}
+"""Trackers (``--report-to``) that write a folder of their own inside the run, and its name."""
 RUN_CONTENTS = (RUN_JSON, CONFIG_YAML, METRICS_JSONL, TOKENS_DIR, CHECKPOINTS_DIR, STATE_DIR, TENSORBOARD_DIR,
                 WANDB_DIR)
 """What a run writes in its folder besides the lock and temporaries: all that --overwrite deletes (a user's notes or

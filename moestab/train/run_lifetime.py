@@ -77,6 +77,7 @@ def prepare_run_folder(config: TrainConfig, log: Callable[[str], None]) -> tuple
         if not config.resume:
             folder.check_writable(remedy=NEW_RUN_REMEDY)
             return 0, folder.check_new(overwrite=config.overwrite)
+        folder.check_tracker_folders(config.report_to)  # before run.json or anything else is touched
         info, step = folder.resume_point(note=lambda message: log(f"resume: {message}"))
         check_resumed_settings(folder.path, info, config_to_dict(config), defaults=config_defaults())
         if config.steps < step or (config.steps == step and info.status == schema.STATUS_FINISHED):
