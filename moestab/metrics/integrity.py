@@ -68,21 +68,25 @@ class BrokenCaptureError(RuntimeError):
 
 
 def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *, num_experts: int | None = None,
-                    agreement: bool = True) -> dict[str, object]:
+                    agreement: bool = True, overlaps: np.ndarray | None = None,
+                    distinct: bool = False) -> dict[str, object]:
     """``routes/integrity/*`` of a capture ``[tokens, layers, top_k]`` (int16, -1 = not recorded) against an optional
     ``reference`` of the same tokens (the trainer's own routes), for a model of ``num_experts`` experts (None: the
     out-of-model check and the lift are skipped). ``agreement=False``: the agreement is reported but not counted as
-    a failure (:func:`failures`)."""
+    a failure (:func:`failures`). A caller that has them already passes ``overlaps`` (``intersection_sizes(captured,
+    reference)``, ``[tokens, layers]``) and ``distinct=True`` (it has refused any decision naming an expert twice), so
+    neither is computed again."""
     tokens, layers, k = captured.shape
-    recorded = (captured >= 0).all(axis=2)  # [tokens, layers] every slot recorded
+    recorded = captured.min(axis=2) >= 0  # [tokens, layers] every slot recorded
     rows = recorded.sum(axis=0)  # [layers]
-    bad = repeated_experts(np.ascontiguousarray(captured)) & recorded  # [tokens, layers]
+    bad = (np.zeros_like(recorded) if distinct
+           else repeated_experts(np.ascontiguousarray(captured)) & recorded)  # [tokens, layers]
     if num_experts is not None:
-        bad |= (captured >= num_experts).any(axis=2) & recorded
+        bad |= (captured.max(axis=2) >= num_experts) & recorded
     with np.errstate(invalid="ignore", divide="ignore"):
         coverage = rows / tokens if tokens else np.full(layers, np.nan)  # [layers]
         invalid = bad.sum(axis=0) / rows  # [layers] NaN where nothing was recorded
-    constant = np.array([_constant(captured[recorded[:, j], j]) for j in range(layers)])  # [layers]
+    constant = np.array([_constant(captured[:, j], recorded[:, j]) for j in range(layers)])  # [layers]
     out: dict[str, object] = {
         keys.INTEGRITY_COVERAGE: float(recorded.mean()) if tokens else None,
         keys.INTEGRITY_COVERAGE_BY_LAYER: _values(coverage),
@@ -97,8 +101,9 @@ def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *
         if reference.shape != captured.shape:
             raise ValueError(f"reference {tuple(reference.shape)} must be the capture's tokens, layers and top_k "
                              f"{tuple(captured.shape)}")
-        both = np.where(recorded[:, :, None], captured, -1).astype(np.int16)  # the capture's recorded rows only
-        inter = intersection_sizes(both, np.ascontiguousarray(reference, dtype=np.int16), threads=1)
+        # An unrecorded slot on either side makes the decision INVALID (> k): left out of the counts below.
+        inter = overlaps if overlaps is not None else intersection_sizes(
+            captured, np.ascontiguousarray(reference, dtype=np.int16), threads=1)  # [tokens, layers]
         hist = _overlap_counts(inter, k)  # [layers, k + 1]
         agree = 1.0 - change_rates(hist, k)["changed"]  # [layers]
         chance = k / num_experts if num_experts else None
@@ -141,12 +146,17 @@ def _disagreeing(inter: np.ndarray, k: int, chance: float, lift: float) -> float
     return float(((agree - chance) / (1 - chance) < lift).mean())
 
 
-def _constant(rows: np.ndarray) -> float:
-    """1.0 when at least :data:`MIN_ROWS` recorded rows ``[n, k]`` all name the same experts, else 0.0."""
-    if len(rows) < MIN_ROWS:
+def _constant(rows: np.ndarray, recorded: np.ndarray) -> float:
+    """1.0 when at least :data:`MIN_ROWS` recorded rows (``rows`` ``[n, k]`` where ``recorded``) all name the same
+    experts, in any slot order, else 0.0. A real router differs within its first few rows, so most layers are decided
+    there without reading the rest."""
+    if int(recorded.sum()) < MIN_ROWS:
         return 0.0
-    ordered = np.sort(rows, axis=1)
-    return float((ordered == ordered[0]).all())
+    first = rows[int(np.argmax(recorded))]  # the first recorded row
+    head = np.flatnonzero(recorded[: 4 * MIN_ROWS])  # [<= 4 MIN_ROWS] recorded rows near the top
+    if not np.isin(rows[head], first).all():
+        return 0.0
+    return float(np.isin(rows[recorded], first).all())
 
 
 def _overlap_counts(inter: np.ndarray, k: int) -> np.ndarray:

@@ -214,7 +214,8 @@ def route_diagnostics(
         raise ValueError(f"rollout_routes {tuple(rollout.shape)} and trainer_routes {tuple(trainer.shape)} must be the "
                          "same tokens, layers and top_k")
     out: dict[str, object] = routing_part(rollout, trainer, pair, threads)
-    out.update(route_integrity(rollout, trainer, num_experts=num_experts))  # the rollout side is the capture
+    # the rollout side is the capture; _routes has refused a decision naming an expert twice
+    out.update(route_integrity(rollout, trainer, num_experts=num_experts, distinct=True))
     if (logp_rollout is None) != (logp_trainer is None):
         raise ValueError("pass both logp_rollout and logp_trainer, or neither")
     if logp_rollout is not None:

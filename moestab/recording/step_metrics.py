@@ -63,6 +63,7 @@ class StepView:
         """The routing replay mode (``schema.REPLAY_MODES``; ``off`` for a trainer that replays nothing)."""
         self.updates = updates
         """The trainer's update reports, or None when it gives none."""
+        self._intersections: dict[str, np.ndarray] = {}
 
     @cached_property
     def routes(self) -> dict[str, np.ndarray]:
@@ -126,9 +127,12 @@ class StepView:
         return self.tensors.routes_old_free.top_k
 
     def intersections(self, pair: str) -> np.ndarray:
-        """``|E_a ∩ E_b|`` ``[tokens, layers]`` of route pair ``pair`` (``schema.ROUTE_PAIRS``)."""
-        col_a, col_b = schema.ROUTE_PAIRS[pair]
-        return intersection_sizes(self.routes[col_a], self.routes[col_b], threads=1)
+        """``|E_a ∩ E_b|`` ``[tokens, layers]`` of route pair ``pair`` (``schema.ROUTE_PAIRS``), computed once a step
+        however many metric functions read it."""
+        if pair not in self._intersections:
+            col_a, col_b = schema.ROUTE_PAIRS[pair]
+            self._intersections[pair] = intersection_sizes(self.routes[col_a], self.routes[col_b], threads=1)
+        return self._intersections[pair]
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
@@ -227,7 +231,7 @@ def integrity_metrics(v: StepView) -> dict[str, object]:
     if keep is None:
         return route_integrity(rollout, num_experts=num_experts, agreement=judged)
     return route_integrity(rollout[keep], v.routes[schema.COL_ROUTES_OLD_FREE][keep], num_experts=num_experts,
-                           agreement=judged)
+                           agreement=judged, overlaps=v.intersections("rollout_old_free")[keep])
 
 
 def drift_metrics(v: StepView) -> dict[str, object]:
