@@ -12,7 +12,8 @@ Default: 1,000,000 response tokens x 48 MoE layers x top-8 of 128 experts = 48M 
    and an int32 payload (vLLM's / SGLang's width) converted on the way in;
 4. with ``--parts``, on one thread, what the default call is made of: the repeated-expert check of each side
    (``repeated_experts``) and, inside it, the copy of a side's ids to slot-major uint8 alone; the comparison
-   (``route_change_of``: the kernel and the counts) and the kernel alone; CPU ns a decision.
+   (``route_change_of``: the kernel, the counts and the per-token changes), the kernel alone and the per-token
+   changes' share; the route-integrity checks given the comparison; CPU ns a decision.
 
 Pairs (``moestab.analysis.synthetic.synthetic_routes``): *R3-level* (10% of decisions swap their k-th expert: R3's
 "~10% of routers") and *GSPO-level* (80% swap: 10% of activated experts). Target (docs/benchmarks.md): >= 100M
@@ -74,10 +75,13 @@ def time_case(a: np.ndarray, b: np.ndarray, logp_rollout: np.ndarray, logp_train
 
 def time_parts(a: np.ndarray, b: np.ndarray, rounds: int) -> list[tuple[str, float]]:
     """(part, CPU seconds) of each part of the default ``route_diagnostics`` call on one thread (``--parts``)."""
+    from moestab.metrics.integrity import route_integrity
     from moestab.metrics.routes import DEFAULT_BLOCK, intersection_sizes, repeated_experts, route_change_of
 
     k = a.shape[2]
     flat = a.reshape(-1, k)  # [decisions, k]
+    a_experts = int(max(a.max(), b.max())) + 1
+    changes = route_change_of(a, b, threads=1, by_token=True)
 
     def slot_major() -> None:  # block by block, in cache, as repeated_experts copies them
         for start in range(0, len(flat), DEFAULT_BLOCK):
@@ -87,10 +91,19 @@ def time_parts(a: np.ndarray, b: np.ndarray, rounds: int) -> list[tuple[str, flo
         ("repeated-expert check, rollout side (`repeated_experts`)", lambda: repeated_experts(a)),
         ("repeated-expert check, trainer side", lambda: repeated_experts(b)),
         ("of which: one side's ids copied slot-major as uint8", slot_major),
-        ("comparison and counts (`route_change_of`)", lambda: route_change_of(a, b, threads=1)),
+        ("comparison and counts (`route_change_of`, per token too)",
+         lambda: route_change_of(a, b, threads=1, by_token=True)),
         ("of which: the kernel (`intersection_sizes`)", lambda: intersection_sizes(a, b, threads=1)),
+        ("of which: the per-token changes (`by_token`), over the comparison without them",
+         lambda: route_change_of(a, b, threads=1, by_token=True), lambda: route_change_of(a, b, threads=1)),
+        ("route-integrity checks, given the comparison (`route_integrity`)",
+         lambda: route_integrity(a, b, num_experts=a_experts, changes=changes, distinct=True)),
     ]
-    return [(what, best(fn, rounds)[1]) for what, fn in parts]
+    out = []
+    for what, fn, *without in parts:  # a part given with its call without it: the difference of the two
+        cpu = best(fn, rounds)[1]
+        out.append((what, cpu - best(without[0], rounds)[1] if without else cpu))
+    return out
 
 
 def main() -> None:

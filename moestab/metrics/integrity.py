@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moestab.metrics import keys
-from moestab.metrics.routes import change_rates, intersection_sizes, repeated_experts
+from moestab.metrics.routes import repeated_experts, route_change_of
 
 WRAP = 256
 """Ids of a model with more experts than this do not fit a uint8: a capture stored as uint8 wraps them around."""
@@ -68,27 +68,30 @@ class BrokenCaptureError(RuntimeError):
 
 
 def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *, num_experts: int | None = None,
-                    agreement: bool = True, overlaps: np.ndarray | None = None,
+                    agreement: bool = True, changes: Mapping[str, np.ndarray] | None = None,
                     distinct: bool = False) -> dict[str, object]:
     """``routes/integrity/*`` of a capture ``[tokens, layers, top_k]`` (int16, -1 = not recorded) against an optional
     ``reference`` of the same tokens (the trainer's own routes), for a model of ``num_experts`` experts (None: the
     out-of-model check and the lift are skipped). ``agreement=False``: the agreement is reported but not counted as
-    a failure (:func:`failures`). A caller that has them already passes ``overlaps`` (``intersection_sizes(captured,
-    reference)``, ``[tokens, layers]``) and ``distinct=True`` (it has refused any decision naming an expert twice), so
-    neither is computed again."""
+    a failure (:func:`failures`). A caller that has them already passes ``changes`` (``route_change(...,
+    by_token=True)`` or ``route_change_of(captured, reference, by_token=True)`` of the pair) and ``distinct=True`` (it
+    has refused any decision naming an expert twice), so neither is computed again."""
     tokens, layers, k = captured.shape
-    recorded = captured.min(axis=2) >= 0  # [tokens, layers] every slot recorded
-    rows = recorded.sum(axis=0)  # [layers]
-    bad = (np.zeros_like(recorded) if distinct
-           else repeated_experts(np.ascontiguousarray(captured)) & recorded)  # [tokens, layers]
-    if num_experts is not None:
-        bad |= (captured.max(axis=2) >= num_experts) & recorded
+    recorded = _recorded(captured)  # [tokens, layers] every slot recorded; None: every decision
+    rows = np.full(layers, tokens) if recorded is None else recorded.sum(axis=0)  # [layers]
+    bad = None if distinct else repeated_experts(np.ascontiguousarray(captured))  # [tokens, layers]
+    if num_experts is not None and captured.size and int(captured.max()) >= num_experts:
+        outside = captured.max(axis=2) >= num_experts  # [tokens, layers] only when some id is outside the model
+        bad = outside if bad is None else bad | outside
+    if bad is not None and recorded is not None:
+        bad &= recorded
     with np.errstate(invalid="ignore", divide="ignore"):
         coverage = rows / tokens if tokens else np.full(layers, np.nan)  # [layers]
-        invalid = bad.sum(axis=0) / rows  # [layers] NaN where nothing was recorded
-    constant = np.array([_constant(captured[:, j], recorded[:, j]) for j in range(layers)])  # [layers]
+        invalid = (np.zeros(layers) if bad is None else bad.sum(axis=0)) / rows  # [layers] NaN: nothing recorded
+    constant = np.array([_constant(captured[:, j], None if recorded is None else recorded[:, j], int(rows[j]))
+                         for j in range(layers)])  # [layers]
     out: dict[str, object] = {
-        keys.INTEGRITY_COVERAGE: float(recorded.mean()) if tokens else None,
+        keys.INTEGRITY_COVERAGE: float(rows.sum() / (tokens * layers)) if tokens and layers else None,
         keys.INTEGRITY_COVERAGE_BY_LAYER: _values(coverage),
         keys.INTEGRITY_INVALID_BY_LAYER: _values(invalid),
         keys.INTEGRITY_CONSTANT_BY_LAYER: _values(constant),
@@ -101,11 +104,11 @@ def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *
         if reference.shape != captured.shape:
             raise ValueError(f"reference {tuple(reference.shape)} must be the capture's tokens, layers and top_k "
                              f"{tuple(captured.shape)}")
-        # An unrecorded slot on either side makes the decision INVALID (> k): left out of the counts below.
-        inter = overlaps if overlaps is not None else intersection_sizes(
-            captured, np.ascontiguousarray(reference, dtype=np.int16), threads=1)  # [tokens, layers]
-        hist = _overlap_counts(inter, k)  # [layers, k + 1]
-        agree = 1.0 - change_rates(hist, k)["changed"]  # [layers]
+        # An unrecorded slot on either side leaves that decision out of the agreement.
+        if changes is None:
+            changes = route_change_of(captured, np.ascontiguousarray(reference, dtype=np.int16), threads=1,
+                                      by_token=True)
+        agree = 1.0 - np.asarray(changes["changed_by_layer"]).reshape(layers)  # [layers]
         chance = k / num_experts if num_experts else None
         out[keys.INTEGRITY_AGREEMENT_BY_LAYER] = _values(agree)
         if chance is not None:
@@ -113,9 +116,18 @@ def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *
         if chance is not None and chance < 1:
             lift = (agree - chance) / (1 - chance)  # [layers]
             out[keys.INTEGRITY_LIFT] = float(np.nanmin(lift)) if np.isfinite(lift).any() else None
-            out[keys.INTEGRITY_DISAGREEING] = _disagreeing(inter, k, chance, THRESHOLDS.lift)
+            out[keys.INTEGRITY_DISAGREEING] = _disagreeing(np.asarray(changes["changed_by_token"]), chance,
+                                                           THRESHOLDS.lift)
     out[keys.INTEGRITY_FAILED] = len(failures(out, agreement=agreement))
     return keys.in_table_order(out)
+
+
+def _recorded(captured: np.ndarray) -> np.ndarray | None:
+    """bool ``[tokens, layers]``: decisions with every slot recorded; None when every decision is. One pass over the
+    whole array says whether any slot is unrecorded (the usual capture has none); only then is every row reduced."""
+    if not captured.size or int(captured.min()) >= 0:
+        return None
+    return captured.min(axis=2) >= 0
 
 
 def with_model(metrics: Mapping[str, object], top_k: int, num_experts: int) -> dict[str, object]:
@@ -134,40 +146,28 @@ def with_model(metrics: Mapping[str, object], top_k: int, num_experts: int) -> d
     return keys.in_table_order(out)
 
 
-def _disagreeing(inter: np.ndarray, k: int, chance: float, lift: float) -> float | None:
-    """Share of the tokens compared (a recorded layer on both sides) whose agreement over their layers has a lift
-    below ``lift``: a fault confined to some tokens (a misaligned turn) that the layers' means dilute."""
-    known = inter <= k  # [tokens, layers]
-    n = known.sum(axis=1)  # [tokens]
-    compared = n > 0
+def _disagreeing(changed_by_token: np.ndarray, chance: float, lift: float) -> float | None:
+    """Share of the tokens compared (a layer recorded on both sides; ``changed_by_token`` NaN otherwise) whose
+    agreement over their layers has a lift below ``lift``: a fault confined to some tokens (a misaligned turn) that
+    the layers' means dilute."""
+    compared = np.isfinite(changed_by_token)  # [tokens]
     if not compared.any():
         return None
-    agree = np.where(known, inter, 0).sum(axis=1)[compared] / (k * n[compared])  # [tokens']
+    agree = 1.0 - changed_by_token[compared]  # [tokens']
     return float(((agree - chance) / (1 - chance) < lift).mean())
 
 
-def _constant(rows: np.ndarray, recorded: np.ndarray) -> float:
-    """1.0 when at least :data:`MIN_ROWS` recorded rows (``rows`` ``[n, k]`` where ``recorded``) all name the same
-    experts, in any slot order, else 0.0. A real router differs within its first few rows, so most layers are decided
-    there without reading the rest."""
-    if int(recorded.sum()) < MIN_ROWS:
+def _constant(rows: np.ndarray, recorded: np.ndarray | None, count: int) -> float:
+    """1.0 when at least :data:`MIN_ROWS` recorded rows (``rows`` ``[n, k]`` where ``recorded``, ``count`` of them;
+    ``recorded`` None: every row) all name the same experts, in any slot order, else 0.0. A real router differs
+    within its first few rows, so most layers are decided there without reading the rest."""
+    if count < MIN_ROWS:
         return 0.0
-    first = rows[int(np.argmax(recorded))]  # the first recorded row
-    head = np.flatnonzero(recorded[: 4 * MIN_ROWS])  # [<= 4 MIN_ROWS] recorded rows near the top
+    head = np.arange(min(len(rows), 4 * MIN_ROWS)) if recorded is None else np.flatnonzero(recorded[: 4 * MIN_ROWS])
+    first = rows[0] if recorded is None else rows[int(np.argmax(recorded))]  # the first recorded row
     if not np.isin(rows[head], first).all():
         return 0.0
-    return float(np.isin(rows[recorded], first).all())
-
-
-def _overlap_counts(inter: np.ndarray, k: int) -> np.ndarray:
-    """``[layers, k + 1]``: per layer, how many recorded decisions share ``v = 0..k`` experts with the reference
-    (``intersection_sizes`` marks an unrecorded side above ``k``; those are left out)."""
-    layers = inter.shape[1]
-    out = np.zeros((layers, k + 1), np.int64)
-    for j in range(layers):
-        column = inter[:, j]
-        out[j] = np.bincount(column[column <= k], minlength=k + 1)[: k + 1]
-    return out
+    return float(np.isin(rows if recorded is None else rows[recorded], first).all())
 
 
 def _values(values: np.ndarray) -> list[float | None]:

@@ -380,18 +380,37 @@ def change_rates(overlaps: np.ndarray, top_k: int, token_totals: np.ndarray | No
     return out
 
 
+def token_changes(inter: np.ndarray, top_k: int) -> np.ndarray:
+    """float64 ``[tokens]``: each token's ``changed`` over its recorded layers (share of its slots whose expert the
+    other side did not choose), NaN for a token with no layer recorded on both sides; ``inter`` ``[tokens, layers]``
+    from :func:`intersection_sizes`."""
+    if inter.max(initial=0) <= top_k:  # every decision recorded (the usual case): plain row sums
+        n = np.full(inter.shape[0], inter.shape[1], np.int64)  # [tokens]
+        kept = np.add.reduce(inter, axis=1, dtype=np.int64)  # [tokens]
+    else:
+        known = inter <= top_k  # [tokens, layers]
+        n = row_counts(known).astype(np.int64)  # [tokens]
+        kept = np.add.reduce(np.where(known, inter, 0), axis=1, dtype=np.int64)  # [tokens]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 1.0 - kept / (top_k * n)
+
+
 def route_change(
-    inter: np.ndarray, top_k: int, groups: np.ndarray | None = None, n_groups: int = 1
+    inter: np.ndarray, top_k: int, groups: np.ndarray | None = None, n_groups: int = 1, *, by_token: bool = False,
 ) -> dict[str, np.ndarray]:
     """:func:`change_rates` of :func:`intersection_sizes` output ``inter`` ``[tokens, layers]``, per group.
 
     ``groups``: ``[tokens]`` group id in ``0..n_groups-1`` (default: one group). Every metric has
     shape ``[n_groups]``; the per-layer ``changed`` and ``router_flip`` are added as
-    ``changed_by_layer`` / ``router_flip_by_layer`` ``[n_groups, layers]``.
+    ``changed_by_layer`` / ``router_flip_by_layer`` ``[n_groups, layers]``; with ``by_token``,
+    ``changed_by_token`` ``[tokens]`` (:func:`token_changes`).
     """
     group = np.zeros(inter.shape[0], np.intp) if groups is None else np.asarray(groups, np.intp)
     hist, totals = aggregate_intersections(inter, group, n_groups, top_k)  # [g, layers, k + 2], [g, 4]
-    return _change_and_by_layer(hist, totals, top_k)
+    out = _change_and_by_layer(hist, totals, top_k)
+    if by_token:
+        out["changed_by_token"] = token_changes(inter, top_k)
+    return out
 
 
 def _change_and_by_layer(hist: np.ndarray, totals: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
@@ -410,27 +429,35 @@ CHUNK_DECISIONS = 1 << 19
 
 def route_change_of(
     routes_a: np.ndarray, routes_b: np.ndarray, *, threads: int | None = None, chunk_tokens: int | None = None,
+    by_token: bool = False,
 ) -> dict[str, np.ndarray]:
     """:func:`route_change` of :func:`intersection_sizes` of two route sets ``[tokens, layers, top_k]`` (one group),
     computed chunk by chunk of ``chunk_tokens`` tokens (default: :data:`CHUNK_DECISIONS` decisions): each chunk's
-    overlaps are aggregated by :func:`aggregate_intersections` while they are in cache, chunks run on ``threads``
-    threads, and the counts are summed. The same numbers as the two calls, without the ``[tokens, layers]`` array;
-    what a per-step diagnostics call uses (docs/benchmarks.md, "Diagnostics for any trainer")."""
+    overlaps are aggregated by :func:`aggregate_intersections` (and, with ``by_token``, :func:`token_changes`) while
+    they are in cache, chunks run on ``threads`` threads, and the counts are summed. The same numbers as the two
+    calls, without the ``[tokens, layers]`` array; what a per-step diagnostics call uses (docs/benchmarks.md,
+    "Diagnostics for any trainer")."""
     a, b = check_pair(routes_a, routes_b)
     tokens, layers, k = a.shape
     chunk = chunk_tokens if chunk_tokens is not None else max(1, CHUNK_DECISIONS // max(layers, 1))
     if chunk < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    per_token = np.empty(tokens if by_token else 0)  # [tokens] changed_by_token, filled chunk by chunk
 
     def run(start: int) -> tuple[np.ndarray, np.ndarray]:
         stop = min(start + chunk, tokens)
-        inter = np.empty((stop - start) * layers, np.uint8)  # [c * layers]
-        intersect_into(a[start:stop], b[start:stop], inter, DEFAULT_BLOCK)
-        return aggregate_intersections(inter.reshape(stop - start, layers), np.zeros(stop - start, np.intp), 1, k)
+        inter = np.empty((stop - start) * layers, np.uint8).reshape(stop - start, layers)  # [c, layers]
+        intersect_into(a[start:stop], b[start:stop], inter.reshape(-1), DEFAULT_BLOCK)
+        if by_token:
+            per_token[start:stop] = token_changes(inter, k)
+        return aggregate_intersections(inter, np.zeros(stop - start, np.intp), 1, k)
 
     hist = np.zeros((1, layers, k + 2), np.int64)  # [1, layers, k + 2]
     totals = np.zeros((1, 4), np.int64)  # [1, 4]
     for part_hist, part_totals in parallel_map(run, range(0, tokens, chunk), thread_workers(threads)):
         hist += part_hist
         totals += part_totals
-    return _change_and_by_layer(hist, totals, k)
+    out = _change_and_by_layer(hist, totals, k)
+    if by_token:
+        out["changed_by_token"] = per_token
+    return out

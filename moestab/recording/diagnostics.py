@@ -99,9 +99,9 @@ def _layer_values(values: np.ndarray) -> list[float]:
     return [float(x) for x in values]
 
 
-def routing_part(rollout: np.ndarray, trainer: np.ndarray, pair: str, threads: int | None) -> dict[str, object]:
-    """``routing/<pair>/*`` of two checked route sets (:func:`moestab.metrics.routes.route_change_of`)."""
-    rates = route_change_of(rollout, trainer, threads=threads)  # one group: every value [1] or [1, layers]
+def routing_part(rates: dict[str, np.ndarray], pair: str) -> dict[str, object]:
+    """``routing/<pair>/*`` of :func:`moestab.metrics.routes.route_change_of` of two checked route sets (one group:
+    every value ``[1]`` or ``[1, layers]``)."""
     return {
         keys.ROUTING_CHANGED.format(pair=pair): float(rates["changed"][0]),
         keys.ROUTING_ROUTER_FLIP.format(pair=pair): float(rates["router_flip"][0]),
@@ -213,9 +213,10 @@ def route_diagnostics(
     if rollout.shape != trainer.shape:
         raise ValueError(f"rollout_routes {tuple(rollout.shape)} and trainer_routes {tuple(trainer.shape)} must be the "
                          "same tokens, layers and top_k")
-    out: dict[str, object] = routing_part(rollout, trainer, pair, threads)
+    rates = route_change_of(rollout, trainer, threads=threads, by_token=True)  # one group: [1] or [1, layers]
+    out: dict[str, object] = routing_part(rates, pair)
     # the rollout side is the capture; _routes has refused a decision naming an expert twice
-    out.update(route_integrity(rollout, trainer, num_experts=num_experts, distinct=True))
+    out.update(route_integrity(rollout, trainer, num_experts=num_experts, changes=rates, distinct=True))
     if (logp_rollout is None) != (logp_trainer is None):
         raise ValueError("pass both logp_rollout and logp_trainer, or neither")
     if logp_rollout is not None:

@@ -231,7 +231,8 @@ def integrity_metrics(v: StepView) -> dict[str, object]:
     if keep is None:
         return route_integrity(rollout, num_experts=num_experts, agreement=judged)
     return route_integrity(rollout[keep], v.routes[schema.COL_ROUTES_OLD_FREE][keep], num_experts=num_experts,
-                           agreement=judged, overlaps=v.intersections("rollout_old_free")[keep])
+                           agreement=judged,
+                           changes=route_change(v.intersections("rollout_old_free")[keep], v.top_k, by_token=True))
 
 
 def drift_metrics(v: StepView) -> dict[str, object]:

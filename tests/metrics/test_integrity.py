@@ -8,6 +8,7 @@ import pytest
 
 from moestab.metrics import keys
 from moestab.metrics.integrity import MIN_ROWS, Thresholds, failures, route_integrity, with_model
+from moestab.metrics.routes import intersection_sizes, route_change
 
 E, K, LAYERS, TOKENS = 16, 2, 3, 200
 
@@ -48,6 +49,16 @@ def test_each_check_matches_a_loop_by_loop_count():
     assert out[keys.INTEGRITY_CHANCE] == K / E
     lift = [(a - K / E) / (1 - K / E) for a in loops["agreement"]]
     assert out[keys.INTEGRITY_LIFT] == pytest.approx(min(lift), abs=1e-12)
+    token_lifts = []  # each token's agreement over the layers recorded on both sides, rescaled from chance
+    for t in range(TOKENS):
+        shared = [len(set(captured[t, j].tolist()) & set(reference[t, j].tolist())) / K for j in range(LAYERS)
+                  if min(captured[t, j]) >= 0 and min(reference[t, j]) >= 0]
+        if shared:
+            token_lifts.append((sum(shared) / len(shared) - K / E) / (1 - K / E))
+    want = sum(v < Thresholds().lift for v in token_lifts) / len(token_lifts)
+    assert out[keys.INTEGRITY_DISAGREEING] == pytest.approx(want, abs=1e-12) and want > 0
+    handed = route_change(intersection_sizes(captured, reference), K, by_token=True)
+    assert route_integrity(captured, reference, num_experts=E, changes=handed) == out  # what a caller passes in
 
 
 def test_a_right_capture_passes_and_each_fault_is_caught_by_its_check():
@@ -79,6 +90,13 @@ def test_a_constant_layer_needs_enough_rows_and_wraparound_needs_a_wide_model():
     assert route_integrity(one, num_experts=E)[keys.INTEGRITY_CONSTANT_BY_LAYER] == [0.0]
     more = np.tile(np.array([[[2, 1]]], np.int16), (MIN_ROWS, 1, 1))  # the same set, in another slot order
     assert route_integrity(more, num_experts=E)[keys.INTEGRITY_CONSTANT_BY_LAYER] == [1.0]
+    masked = np.concatenate([np.full((4 * MIN_ROWS, 1, 2), -1, np.int16), more])  # unrecorded rows above it
+    assert route_integrity(masked, num_experts=E)[keys.INTEGRITY_CONSTANT_BY_LAYER] == [1.0]
+    masked[-1, 0] = [1, 3]  # one row apart, past the rows read first
+    assert route_integrity(masked, num_experts=E)[keys.INTEGRITY_CONSTANT_BY_LAYER] == [0.0]
+    late = np.tile(np.array([[[1, 2]]], np.int16), (8 * MIN_ROWS, 1, 1))
+    late[-1, 0] = [1, 3]
+    assert route_integrity(late, num_experts=E)[keys.INTEGRITY_CONSTANT_BY_LAYER] == [0.0]
     gen = np.random.default_rng(0)
     wide = np.stack([[gen.permutation(320)[:2]] for _ in range(200)]).astype(np.int16)
     assert route_integrity(wide, num_experts=320)[keys.INTEGRITY_WRAPPED] == 0

@@ -17,7 +17,7 @@ from moestab.analysis.synthetic import synthetic_routes
 from moestab.metrics import keys
 from moestab.metrics.experts import max_violation
 from moestab.metrics.mismatch import mismatch_spread
-from moestab.metrics.routes import intersection_sizes, route_change, route_change_of
+from moestab.metrics.routes import intersection_sizes, route_change, route_change_of, token_changes
 from moestab.recording.diagnostics import DiagnosticsRun, route_diagnostics
 from moestab.run_folder import schema
 from tests.support.runs import diagnostics_run
@@ -122,11 +122,28 @@ def test_cross_check_against_python_sets_with_unrecorded_decisions():
     assert 0.2 < m[key(keys.ROUTING_ROUTER_FLIP)] < 0.5  # flips happened and not everywhere
 
 
+def test_per_token_change_matches_a_loop():
+    a, b = synthetic_routes(120, 5, 4, 32, flip=0.5, reorder=0.3, seed=3)
+    b[3, 1] = -1  # one layer of a token not recorded
+    a[4, :, 0] = -1  # no layer of a token recorded
+    got = token_changes(intersection_sizes(a, b), 4)
+    for t in range(120):
+        kept = [len(set(a[t, j].tolist()) & set(b[t, j].tolist())) for j in range(5)
+                if min(a[t, j]) >= 0 and min(b[t, j]) >= 0]
+        want = 1 - sum(kept) / (4 * len(kept)) if kept else float("nan")
+        assert got[t] == pytest.approx(want, abs=1e-12, nan_ok=True), t
+    every = intersection_sizes(*synthetic_routes(50, 5, 4, 32, flip=0.5, seed=4))  # the all-recorded path
+    want_every = 1 - every.sum(axis=1) / (4 * 5)
+    assert token_changes(every, 4) == pytest.approx(want_every, abs=1e-12)
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 1000])
 def test_chunked_route_change_is_the_two_step_one_exactly(chunk):
     a, b = synthetic_routes(300, 6, 8, 64, flip=0.5, reorder=0.3, seed=5)
     b[10:20, 2] = -1
-    one, other = route_change(intersection_sizes(a, b), 8), route_change_of(a, b, chunk_tokens=chunk, threads=2)
+    b[30, :] = -1  # a token with no layer recorded: no per-token value
+    one = route_change(intersection_sizes(a, b), 8, by_token=True)
+    other = route_change_of(a, b, chunk_tokens=chunk, threads=2, by_token=True)
     assert one.keys() == other.keys()
     for name in one:
         assert np.array_equal(one[name], other[name], equal_nan=True), name
