@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from moestab.experiments.integrity_faults import verl_payload
+
 PROMPTS, RESPONSES, LAYERS, TOP_K, EXPERTS = (3, 2), (2, 3), 2, 2, 4
 
 
@@ -19,21 +21,12 @@ def known_rows(seed: int = 0) -> list[np.ndarray]:
 
 # ---- verl -------------------------------------------------------------------------------------------------------
 def verl_batch(rows, *, uint8_bytes: bool = False) -> dict[str, torch.Tensor]:
-    """verl's DataProto tensors: ``routed_experts`` ``[batch, P + R, layers, top_k]`` with prompts left-padded and
-    zero padding (the agent loop's layout), ``responses``, ``attention_mask``, ``response_mask``, log-probs."""
-    P, R = max(PROMPTS), max(RESPONSES)
-    routed = torch.zeros(len(rows), P + R, LAYERS, TOP_K, dtype=torch.int16)
-    attention = torch.zeros(len(rows), P + R, dtype=torch.long)
-    response_mask = torch.zeros(len(rows), R, dtype=torch.long)
-    for i, (seq, p, r) in enumerate(zip(rows, PROMPTS, RESPONSES, strict=True)):
-        routed[i, P - p : P - p + seq.shape[0]] = torch.from_numpy(seq.astype(np.int16))
-        attention[i, P - p : P + r] = 1
-        response_mask[i, :r] = 1
+    """verl's DataProto tensors (``moestab.experiments.integrity_faults.verl_payload``: ``routed_experts`` ``[batch,
+    P + R, layers, top_k]``, prompts left-padded, zero padding, the agent loop's layout) with log-probs."""
+    batch = verl_payload(rows, PROMPTS, RESPONSES)
     if uint8_bytes:
-        routed = routed.view(torch.uint8)  # verl 0.9's transport view: [..., 2 * top_k]
+        batch["routed_experts"] = batch["routed_experts"].view(torch.uint8)  # verl 0.9's transport view
     gen = torch.Generator().manual_seed(0)
-    return {"routed_experts": routed, "responses": torch.zeros(len(rows), R, dtype=torch.long),
-            "attention_mask": attention, "response_mask": response_mask,
-            "rollout_log_probs": -torch.rand(len(rows), R, generator=gen),
-            "old_log_probs": -torch.rand(len(rows), R, generator=gen)}
-
+    batch["rollout_log_probs"] = -torch.rand(len(rows), max(RESPONSES), generator=gen)
+    batch["old_log_probs"] = -torch.rand(len(rows), max(RESPONSES), generator=gen)
+    return batch
