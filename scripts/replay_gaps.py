@@ -35,12 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     rows = [replay_gaps(seed, args.task, args.prompts, args.cache_dir) for seed in args.seeds]
     print(f"task {args.task}, {args.prompts} bf16-sampled completions per seed, fp32 trainer, seeds "
           f"{', '.join(map(str, args.seeds))}, {args.threads} threads; mean +- sd over seeds\n")
-    print("| quantity | mean +- sd |\n|---|---|")
-    for key in rows[0]:
+
+    def cell(key: str, fmt: str) -> str:
         values = np.array([r[key] for r in rows])
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        fmt = "{:.3g}" if "%" in key or ":" not in key else "{:.2e}"
-        print(f"| {key} | {fmt.format(values.mean())} +- {fmt.format(sd)} |")
+        return f"{fmt.format(values.mean())} +- {fmt.format(sd)}"
+
+    # The three gaps side by side (README's table), then every quantity measured.
+    print(f"| rollout (bf16) vs fp32 trainer, mean +- sd over seeds {', '.join(map(str, args.seeds))} | k3 | "
+          "routers flipped | tokens with >= 1 flipped layer |\n|---|---|---|---|")
+    print(f"| free routing | {cell('free routing: k3', '{:.2e}')} | "
+          f"{cell('free routing: routers flipped %', '{:.3f}%')} | "
+          f"{cell('free routing: tokens with >= 1 flipped layer %', '{:.2f}%')} |")
+    for label, mode in (("R3: forced experts, gates from the trainer's router", "R3: forced experts"),
+                        ("TRR: forced experts and gates", "TRR: forced experts and gates")):
+        print(f"| {label} | {cell(f'{mode}: k3', '{:.2e}')} | 0 (replayed) | 0 (replayed) |")
+    print("\n| quantity | mean +- sd |\n|---|---|")
+    for key in rows[0]:
+        print(f"| {key} | {cell(key, '{:.3g}' if '%' in key or ':' not in key else '{:.2e}')} |")
     return 0
 
 

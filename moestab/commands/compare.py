@@ -39,6 +39,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write DIR/report.md with a figure per metric (needs the plots extra)")
 
 
+def report_problem(folder: Path) -> str | None:
+    """Why ``--report DIR`` could not be written, checked before any work: DIR a file, inside a run's or a model
+    folder's own files (:func:`moestab.run_folder.owned.owner`), or not writable; None when it can."""
+    from moestab.run_folder.files import read_only_above
+    from moestab.run_folder.owned import owner
+
+    if folder.exists() and not folder.is_dir():
+        return f"--report {folder} is a file; give a folder for report.md and its figures"
+    above = next((p for p in folder.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"--report {folder}: {above} is a file, not a folder"
+    taken = owner(folder / "report.md")
+    if taken is not None:
+        return f"--report {folder} would write into {taken.rsplit('/report.md', 1)[0]}; give another folder"
+    stuck = read_only_above(folder / "report.md")
+    if stuck is not None:
+        return f"--report {folder}: {stuck} is not writable (read-only or not yours); give another folder"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -49,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from moestab.run_folder.errors import RunError
 
     problem = output_problem(args.json, args.csv)
+    if problem is None and args.report is not None:
+        problem = report_problem(args.report)
     if problem is None and args.report is not None:
         try:
             require("plots", "moestab compare --report")

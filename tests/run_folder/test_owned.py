@@ -91,3 +91,16 @@ def test_a_probe_folder_is_written_by_rename_not_through_a_planted_link(tmp_path
     write_probe_folder(result, out)
     assert victim.read_text() == "mine"
     assert not (out / PROBE_JSON).is_symlink() and read_probe_folder(out).tables["t"]["a"].tolist() == [1]
+
+
+def test_compare_report_refuses_a_runs_own_folders_and_a_file_before_any_work(tmp_path):
+    run = a_run(tmp_path / "runs" / "a").path
+    inside = run / "checkpoints"
+    done = moestab("compare", str(tmp_path / "runs"), "--report", str(inside), cwd=tmp_path)
+    assert done.returncode == 2, done
+    assert f"would write into run {run}'s checkpoints" in done.stderr and "Traceback" not in done.stderr
+    assert not (inside / "report.md").exists()
+    (tmp_path / "taken").write_text("mine")
+    done = moestab("compare", str(tmp_path / "runs"), "--report", str(tmp_path / "taken"), cwd=tmp_path)
+    assert done.returncode == 2 and "is a file; give a folder" in done.stderr, done
+    assert (tmp_path / "taken").read_text() == "mine"
