@@ -116,7 +116,7 @@ LABELS: dict[str, tuple[str, str]] = {
     keys.CLIP_SEQ_FRAC: ("Sequences with a clipped token", "% of sequences"),
     keys.CLIP_TOKEN_FRAC_LATER: ("Clipped tokens, minibatches 2..n", _PCT_TOKENS),
     keys.CLIP_SEQ_FRAC_LATER: ("Sequences with a clipped token, minibatches 2..n", "% of sequences"),
-    keys.ROUTING_SHARE_VAR: ("Routing's share of the variance of log w", "share of variance"),
+    keys.ROUTING_SHARE_VAR: ("Routing's share of the variance of log w", "% of the variance of log w"),
     keys.ROUTING_SHARE_LOG_VAR_FREE: ("Variance of log w, free routing at the update", _NATS2),
     keys.ROUTING_SHARE_LOG_VAR_REPLAYED: ("Variance of log w, pi_old's routes replayed", _NATS2),
     keys.ROUTING_SHARE_CLIP_FREE: ("Clipped tokens, free routing at the update", _PCT_TOKENS),

@@ -56,6 +56,12 @@ def tensor(tensors: Mapping[str, Any], key: str) -> Any:
 def byte_view(arr: np.ndarray, top_k: int | None, field: str) -> np.ndarray:
     """uint8 ``[..., 2 * top_k]``: the little-endian bytes of int16 ids (verl's transport view, ``view(torch.uint8)``
     for NCCL, which has no int16) -> int16 ``[..., top_k]``."""
+    if arr.dtype == np.uint8 and top_k is None:
+        # Old verl's uint8 ids [..., k] and the transport bytes of int16 ids [..., 2k] look alike: the bytes of a
+        # top-1 model's ids read as top-2 decisions [id, 0]. Only top_k tells them apart.
+        raise PayloadError(f"{field} {list(arr.shape)} is uint8: either expert ids (older verl, top_k = "
+                           f"{arr.shape[-1]}) or the bytes of int16 ids (verl's transport view, top_k = "
+                           f"{arr.shape[-1] // 2}); pass top_k to say which")
     if arr.dtype == np.uint8 and top_k is not None and arr.shape[-1] == 2 * top_k:
         return np.ascontiguousarray(arr).view("<i2")
     if top_k is not None and arr.shape[-1] != top_k:

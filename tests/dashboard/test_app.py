@@ -22,6 +22,7 @@ from tests.support.dashboard import (
     assert_clean,
     assert_interactive_with_csv,
     chart_alts,
+    charts_on,
     open_page,
     texts,
 )
@@ -81,6 +82,19 @@ EXPECTED_CHARTS = {
 }
 
 
+def share_formats(spec: dict) -> list[tuple[str, object]]:
+    """(title, number format) of every y axis and colour legend of a chart spec whose title names a share ("% of",
+    "share")."""
+    out = []
+    for layer in spec.get("layer", [spec]):
+        encoding = layer.get("encoding", {})
+        for channel, guide in (("y", "axis"), ("color", "legend")):
+            title = encoding.get(channel, {}).get("title")
+            if isinstance(title, str) and (title.startswith("%") or "share" in title):
+                out.append((title, (encoding[channel].get(guide) or {}).get("format")))
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", list(PAGES))
 def test_page_renders_real_runs(make_app, trained_runs: Path, downloads: dict, page: str) -> None:
@@ -94,6 +108,9 @@ def test_page_renders_real_runs(make_app, trained_runs: Path, downloads: dict, p
         assert not any(said in alt for alt in alts), f"{said!r} is float noise, drawn as a chart"
         assert any(said in i.value and "0 at float precision" in i.value for i in at.info), [i.value for i in at.info]
     assert_interactive_with_csv(at, downloads)
+    for chart in charts_on(at):  # one unit per quantity (issue 54.4): every share on an axis or a legend in percent
+        for title, shown in share_formats(chart.spec):
+            assert shown == "~p", f"{chart.alt}: {title!r} drawn as {shown!r}, not in percent"
     if page == RUNS_PAGE:
         table = at.dataframe[0].value
         assert list(table["run"]) == ["gspo-off", "gspo-r2"]

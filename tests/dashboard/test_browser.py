@@ -99,6 +99,20 @@ CHARTS = """() => Array.from(document.querySelectorAll('[data-testid="stVegaLite
 
 ERRORS = '[data-testid="stAlertContentError"], [data-testid="stException"]'
 
+# Per visible table: its box against the page's main column, and whether its grid fits or scrolls sideways (issue 54.10:
+# tables cut off at 1,400 px).
+TABLES = """() => {
+  const main = document.querySelector('[data-testid="stMainBlockContainer"]').getBoundingClientRect();
+  return Array.from(document.querySelectorAll('[data-testid="stDataFrame"]')).filter(t => t.checkVisibility())
+    .map(t => {
+      const box = t.getBoundingClientRect();
+      const scroller = t.querySelector('.dvn-scroller');
+      return {left: box.left, right: box.right, mainLeft: main.left, mainRight: main.right,
+              fits: !scroller || scroller.scrollWidth <= scroller.clientWidth + 1,
+              scrolls: !!scroller && ['auto', 'scroll'].includes(getComputedStyle(scroller).overflowX)};
+    });
+}"""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -250,6 +264,10 @@ def test_page_renders_its_charts_in_chromium(server: str, page: Page, path: str,
     if path == "runs":
         table = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
         assert table and table["width"] > 100 and table["height"] > 50  # the runs table
+    for table in page.evaluate(TABLES):  # inside the page's column, every column reachable
+        assert table["left"] >= table["mainLeft"] - 1 and table["right"] <= table["mainRight"] + 1, table
+        assert table["fits"] or table["scrolls"], table
+    assert "Drawing " not in page.inner_text("body")  # every chart's placeholder was replaced by its chart
 
     # The whole page in one image (the viewport is taller than any page; the image stops under the content).
     bottom = page.evaluate("document.querySelector('[data-testid=\"stMainBlockContainer\"]').getBoundingClientRect()"

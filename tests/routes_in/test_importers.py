@@ -26,7 +26,7 @@ from tests.support.route_payloads import EXPERTS, LAYERS, PROMPTS, RESPONSES, TO
 def naive_layout(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The second construction: moestab's layout, one position at a time."""
     P, R = max(PROMPTS), max(RESPONSES)
-    out = -np.ones((len(rows), P + R - 1, LAYERS, TOP_K), np.int16)
+    out = -np.ones((len(rows), P + R - 1, LAYERS, rows[0].shape[-1]), np.int16)
     scoring = np.zeros((len(rows), P + R - 1), bool)
     for i, (seq, p, r) in enumerate(zip(rows, PROMPTS, RESPONSES, strict=True)):
         for pos in range(p + r - 1):  # sequence position pos -> column P - p + pos
@@ -213,6 +213,18 @@ def test_verl_bad_batches_name_the_field():
         import_routes("verl", batch, num_experts=EXPERTS)
     with pytest.raises(PayloadError, match=r"has 4 slots per layer, expected top_k=3"):
         import_routes("verl", verl_batch(known_rows(2), uint8_bytes=True), num_experts=EXPERTS, top_k=3)
+
+
+def test_verl_uint8_routes_without_top_k_are_refused_not_guessed():
+    """A top-1 model's int16 ids in verl's uint8 transport view are [id, 0] byte pairs: read without top_k they were
+    top-2 decisions (issue 55.2: changed 0.333 where the truth is 0.667). Without top_k the payload is refused."""
+    rows = [seq[:, :, :1] for seq in known_rows(2)]  # top-1
+    batch = verl_batch(rows, uint8_bytes=True)
+    assert batch["routed_experts"].shape[-1] == 2
+    with pytest.raises(PayloadError, match=r"is uint8: either expert ids .*top_k = 2.* or the bytes of int16 ids "
+                                           r".*top_k = 1.*; pass top_k"):
+        import_routes("verl", batch, num_experts=EXPERTS)
+    assert_layout(import_routes("verl", batch, num_experts=EXPERTS, top_k=1), rows)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="verl is not installed (it needs ray and "

@@ -30,10 +30,12 @@ if not runs:
 colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 
 results = {}
+reading = charts.placeholder("the attribution charts: reading the runs' per-token tables")
 for run in runs:
     loaded = loaders.attribution(run.path, run.key, pair)
     if ui.report(run, loaded, "per-token tables"):
         results[run.label] = loaded.value
+reading.empty()
 if not results:
     st.stop()
 
@@ -49,14 +51,14 @@ cells = st.columns(3)
 panels = [
     ("mean_abs_log_w", "Mean |log w|", "|log w| (nats)"),
     ("q99_abs_log_w", "0.99 quantile of |log w|", "|log w| (nats)"),
-    ("clip_frac", "Clipped share", "fraction of tokens clipped"),
+    ("clip_frac", "Clipped share", "% of tokens clipped"),
 ]
 kept = groups.loc[groups["group"] != "all"].reset_index(drop=True)
 for cell, (column, title, ylabel) in zip(cells, panels, strict=True):
     data = kept[["run", "group", "tokens", column]]
     with cell:
         chart = charts.grouped_bars(data, "group", column, colors, groups=["not flipped", "flipped"], title=title,
-                                    ylabel=ylabel)
+                                    ylabel=ylabel, percent=column == "clip_frac")
         charts.show(chart, data, f"{title} of flipped and unflipped tokens per run")
 st.dataframe(
     groups[
@@ -79,9 +81,10 @@ if len(margins):
         "flip_rate",
         title=f"Router flip rate vs margin ({pair.replace('_', ' vs ')})",
         xlabel="router margin under pi_old (score gap, bin centre)",
-        ylabel="router flip rate",
+        ylabel="% of routers flipped",
         colors=colors,
         log_x=bool((margins["margin"] > 0).all()),
+        percent=True,
     )
     cell, _ = st.columns([3, 2])
     with cell:

@@ -59,8 +59,8 @@ for index, run in enumerate(runs):
             if len(load):
                 shown, grid = load_at_step(load, step)
                 chart = charts.heatmap(grid, "expert", "layer", "load", title=f"Expert load at step {shown}",
-                                       xlabel="expert", ylabel="MoE layer", legend="share of routed slots",
-                                       domain=(0.0, None))
+                                       xlabel="expert", ylabel="MoE layer", legend="% of routed slots",
+                                       domain=(0.0, None), percent=True)
                 charts.show(chart, grid, f"Heatmap of expert load by layer for {run.label}", value="load")
             elif frame is not None:
                 st.caption(f"metrics.jsonl has no `{keys.EXPERTS_LOAD}`.")
@@ -81,8 +81,8 @@ for index, run in enumerate(runs):
                 grid = matrix_frame(coact.value, "expert_i", "expert_j", "share")
                 chart = charts.heatmap(grid, "expert_j", "expert_i", "share",
                                        title=f"Co-activation, layer {label}: P(j chosen | i chosen)",
-                                       xlabel="expert j", ylabel="expert i", legend="conditional share",
-                                       domain=(0.0, 1.0), scheme="magma")
+                                       xlabel="expert j", ylabel="expert i", legend="% of i's tokens choosing j",
+                                       domain=(0.0, 1.0), scheme="magma", percent=True)
                 charts.show(chart, grid, f"Co-activation matrix of layer {label} for {run.label}")
         if stats_ok:
             st.caption("Over every recorded token of the run (routes under pi_old); dead = never chosen.")

@@ -18,10 +18,12 @@ if not runs:
 colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 
 data: dict[str, dict] = {}
+reading = charts.placeholder("the ratio charts: reading the runs' per-token tables")
 for run in runs:
     loaded = loaders.ratios(run.path, run.key)
     if ui.report(run, loaded, "per-token tables"):
         data[run.label] = loaded.value
+reading.empty()
 if not data:
     st.stop()
 
@@ -39,7 +41,7 @@ for cell, (name, title, unit) in zip(
     hists = shared_histograms({label: d[name] for label, d in data.items()}, bins=bins)
     with cell:
         chart = charts.stairs(hists, colors, title=f"{title} (shared bins; ends hold the tails)", xlabel=unit,
-                              ylabel="share of values")
+                              ylabel="% of values")
         charts.show(chart, hists, f"Histogram of {name} per run")
 
 quantiles = pd.concat([d["quantiles"].assign(run=label) for label, d in data.items()], ignore_index=True).set_index(
@@ -56,15 +58,15 @@ cells = st.columns(2)
 for cell, (column, title, ylabel) in zip(
     cells,
     [
-        ("token_frac_later", "Clipped tokens (minibatches 2..n)", "fraction of recorded tokens"),
-        ("seq_frac_later", "Sequences with a clipped token (minibatches 2..n)", "fraction of recorded sequences"),
+        ("token_frac_later", "Clipped tokens (minibatches 2..n)", "% of recorded tokens"),
+        ("seq_frac_later", "Sequences with a clipped token (minibatches 2..n)", "% of recorded sequences"),
     ],
     strict=True,
 ):
     frame = stack_runs({label: d["clip_by_step"][["step", column]] for label, d in data.items()})
     with cell:
         chart = charts.lines(frame, "step", column, title=title, xlabel="step", ylabel=ylabel, colors=colors,
-                             integer_x=True)
+                             integer_x=True, percent=True)  # shares, in percent as on every surface
         charts.show(chart, frame, f"{title} by step", value=column)
 
 st.header("Variance against response length")

@@ -7,7 +7,9 @@ import pandas as pd
 import streamlit as st
 
 from moestab.analysis.dashboard_data import TOKENS_SOURCE, changed_by_layer_step, routing_by_step, stack_runs
+from moestab.analysis.labels import format_value, is_percent
 from moestab.dashboard.kit import charts, loaders, ui
+from moestab.metrics import keys
 
 PAIR_TITLES = {
     "old_new": "old → new (trainer, free routing)",
@@ -16,7 +18,7 @@ PAIR_TITLES = {
     "update_old": "update → old (the two sides of log w)",
 }
 METRICS = {
-    "changed": "changed fraction of routed slots",
+    "changed": "changed share of routed slots",
     "router_flip": "share of routers whose expert set changed",
     "jaccard_distance": "mean Jaccard distance of expert sets",
     "token_flip": "share of tokens with ≥ 1 changed layer",
@@ -72,9 +74,14 @@ metric = st.selectbox(
     "Metric (step, minibatch and position views)", list(METRICS), format_func=lambda m: f"{m}: {METRICS[m]}"
 )
 
+# A share in percent, as every surface writes it (moestab.analysis.labels); the Jaccard distance is no share.
+pattern = keys.ROUTE_CHANGE_KEYS.get(metric)
+metric_in_percent = pattern is not None and is_percent(pattern.format(pair="old_new"))
+
 # Per-token tables of each run and pair (None where the run has none yet).
 tables: dict[tuple[str, str], dict] = {}
 metrics_frames: dict[str, pd.DataFrame] = {}
+reading = charts.placeholder("the routing charts: reading the runs' per-token tables")
 for run in runs:
     loaded = loaders.metrics(run.path, run.key)
     if loaded.error is None and loaded.value is not None and len(loaded.value):
@@ -83,6 +90,7 @@ for run in runs:
         got = loaders.volatility(run.path, run.key, pair)
         if ui.report(run, got, f"routes ({pair})", missing="per-token tables"):
             tables[(run.label, pair)] = got.value
+reading.empty()
 
 
 def view(label: str, pair: str, name: str) -> pd.DataFrame | None:
@@ -93,7 +101,7 @@ def view(label: str, pair: str, name: str) -> pd.DataFrame | None:
 
 
 HEATMAPS = ("old_new", "rollout_old_free")
-HEATMAP_VALUE = "changed fraction of slots"
+HEATMAP_VALUE = "% of routed slots changed"
 
 
 def top_of(grids: dict[tuple[str, str], tuple[pd.DataFrame | None, str]]) -> float:
@@ -115,7 +123,7 @@ def show_heatmaps(run_label: str, grids: dict[tuple[str, str], tuple[pd.DataFram
                 continue
             title = f"{run_label}: {PAIR_TITLES[pair]} ({source})"
             chart = charts.heatmap(grid, x, "layer", "changed", title=title, xlabel=xlabel, ylabel="MoE layer",
-                                   legend=HEATMAP_VALUE, domain=(0.0, vmax), zoom=zoom)
+                                   legend=HEATMAP_VALUE, domain=(0.0, vmax), zoom=zoom, percent=True)
             charts.show(chart, grid, f"Heatmap of routing change {pair} by layer and {what} for {run_label}",
                         value="changed")
 
@@ -140,16 +148,19 @@ def view_frame(pair: str, name: str, column: str) -> pd.DataFrame:
 
 def side_by_side(pairs: list[str], make, x: str, xlabel: str, what: str, **kwargs) -> None:
     cells = st.columns(len(pairs))
-    for cell, pair in zip(cells, pairs, strict=True):
-        data = make(pair)
+    slots = {}
+    for cell, pair in zip(cells, pairs, strict=True):  # every slot first: the row keeps its layout while it is read
         with cell:
-            if not len(data):
-                st.info(f"No {PAIR_TITLES[pair]} routes in the selected runs.", icon=":material/hourglass_empty:")
-                continue
-            title = f"{PAIR_TITLES[pair]} {what}"
-            chart = charts.lines(data, x, "value", title=title, xlabel=xlabel, ylabel=METRICS[metric], colors=colors,
-                                 **kwargs)
-            charts.show(chart, data, title, value="value")
+            slots[pair] = charts.placeholder(f"{PAIR_TITLES[pair]} {what}")
+    for pair in pairs:
+        data = make(pair)
+        if not len(data):
+            slots[pair].info(f"No {PAIR_TITLES[pair]} routes in the selected runs.", icon=":material/hourglass_empty:")
+            continue
+        title = f"{PAIR_TITLES[pair]} {what}"
+        chart = charts.lines(data, x, "value", title=title, xlabel=xlabel, ylabel=METRICS[metric], colors=colors,
+                             percent=metric_in_percent, **kwargs)
+        charts.show(chart, data, title, value="value", into=slots[pair])
 
 
 st.header("Over steps")
@@ -197,8 +208,9 @@ for run in runs:
 step_top, position_top = top_of(by_step), top_of(by_position)
 st.caption(
     "Changed fraction of routed slots, old → new beside rollout → trainer (free pi_old), one expander per run. "
-    f"One colour scale for every layer × step heatmap (0 to {step_top:.3g}; metrics.jsonl, else the recorded "
-    f"tokens) and one for every layer × position heatmap (0 to {position_top:.3g}; recorded tokens, by 0-based "
+    f"One colour scale for every layer × step heatmap (0 to {format_value(step_top, True)}; metrics.jsonl, else the "
+    f"recorded tokens) and one for every layer × position heatmap (0 to {format_value(position_top, True)}; recorded "
+    "tokens, by 0-based "
     "position in the response, bins labelled by their first position)."
 )
 for run in runs:

@@ -168,7 +168,8 @@ def group_lines(
     if band:
         low, high = band
         shade = alt.Chart(data).mark_area(interpolate="linear").encode(  # its legend merges with the lines'
-            x=x, y=alt.Y(f"{low}:Q", title=ylabel), y2=f"{high}:Q", detail=alt.Detail(f"{series}:N"),
+            x=x, y=alt.Y(f"{low}:Q", title=ylabel, axis=_axis(percent=percent)), y2=f"{high}:Q",
+            detail=alt.Detail(f"{series}:N"),
             color=alt.Color(f"{color_by}:N", scale=palette, legend=legend),
             opacity=alt.when(keep).then(alt.value(0.18)).otherwise(alt.value(0.03)),
         )
@@ -197,6 +198,7 @@ def heatmap(
     y_order: Sequence | None = None,
     height: int = HEIGHT,
     row_height: int | None = None,
+    percent: bool = False,
 ) -> alt.Chart:
     """A cell per (``x``, ``y``) coloured by ``value`` (NaN cells blank; ``domain``: the colour scale's ends,
     ``None`` for the data's), tooltips on hover.
@@ -208,7 +210,7 @@ def heatmap(
     ``height``: of the whole chart, title, legend and axes included (Streamlit fits a chart to it). ``row_height``
     (categorical ``y`` only): instead, each row gets this many pixels and the title, legend and axes come on top,
     the chart fitting the container's width only. A few rows in a fixed ``height`` would be squeezed to nothing
-    by the title and the legend above them.
+    by the title and the legend above them. ``percent``: ``value`` is a share, its legend and tooltip in percent.
     """
     if row_height is not None and (zoom or row_height < 1):
         raise ValueError(f"row_height {row_height} needs categorical rows (zoom=False) and at least 1 pixel")
@@ -218,9 +220,10 @@ def heatmap(
                       domainMax=alt.Undefined if high is None else high)
     # The colour bar goes on top: beside the cells it would take half of a narrow column.
     colour = alt.Color(f"{value}:Q", title=legend, scale=scale,
-                       legend=alt.Legend(orient="top", direction="horizontal", gradientLength=160, titleLimit=300))
+                       legend=alt.Legend(orient="top", direction="horizontal", gradientLength=160, titleLimit=300,
+                                         format="~p" if percent else alt.Undefined))
     tooltip = [alt.Tooltip(f"{x}:{'Q' if zoom else 'O'}"), alt.Tooltip(f"{y}:{'Q' if zoom else 'O'}"),
-               alt.Tooltip(f"{value}:Q", format=".4g")]
+               alt.Tooltip(f"{value}:Q", format=value_format(percent))]
     chart = alt.Chart(data)
     if zoom:
         chart = chart.transform_calculate(
@@ -253,11 +256,12 @@ def stairs(
     hists: pd.DataFrame, colors: Mapping[str, str], *, title: str, xlabel: str, ylabel: str, log_y: bool = True
 ) -> alt.LayerChart:
     """Overlaid histograms, one outline per run, of a frame with ``run``, ``left``, ``right``, ``count`` and
-    ``share`` (:func:`moestab.analysis.dashboard_data.shared_histograms`); empty bins leave a gap on a log axis."""
+    ``share`` (:func:`moestab.analysis.dashboard_data.shared_histograms`), the share in percent; empty bins leave a
+    gap on a log axis."""
     keep = alt.selection_point(fields=["run"], bind="legend")
     shown = "datum.share > 0 ? datum.share : null" if log_y else "datum.share"
     base = alt.Chart(hists).transform_calculate(shown=shown)
-    y = alt.Y("shown:Q", title=ylabel, scale=_scale(log_y), axis=_axis(log=log_y))
+    y = alt.Y("shown:Q", title=ylabel, scale=_scale(log_y), axis=_axis(log=log_y, percent=True))  # shares
     opacity = alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED))
     outline = base.transform_fold(["left", "right"], as_=["edge", "x"]).mark_line(
         invalid="break-paths-filter-domains", strokeWidth=1.6
@@ -268,24 +272,26 @@ def stairs(
     tips = base.transform_calculate(middle="(datum.left + datum.right) / 2").mark_circle(size=18).encode(
         x="middle:Q", y=y, color=_colour("run", colors), opacity=opacity,
         tooltip=["run", alt.Tooltip("left:Q", format=".4g"), alt.Tooltip("right:Q", format=".4g"), "count:Q",
-                 alt.Tooltip("share:Q", format=".4g")],
+                 alt.Tooltip("share:Q", format=value_format(True))],
     )
     return alt.layer(outline, tips).properties(title=_title(title), height=HEIGHT)
 
 
 def grouped_bars(
     data: pd.DataFrame, group: str, value: str, colors: Mapping[str, str], *, groups: Sequence[str], title: str,
-    ylabel: str,
+    ylabel: str, percent: bool = False,
 ) -> alt.Chart:
-    """Bars of ``value``: one cluster per ``group`` (in ``groups`` order), one bar per run (``run`` column)."""
+    """Bars of ``value``: one cluster per ``group`` (in ``groups`` order), one bar per run (``run`` column);
+    ``percent``: ``value`` is a share, drawn in percent."""
     keep = alt.selection_point(fields=["run"], bind="legend")
     return alt.Chart(data).mark_bar().encode(
         x=alt.X(f"{group}:N", sort=list(groups), title=None, axis=alt.Axis(labelAngle=0)),
         xOffset=alt.XOffset("run:N", sort=list(colors)),
-        y=alt.Y(f"{value}:Q", title=ylabel, axis=_axis()),
+        y=alt.Y(f"{value}:Q", title=ylabel, axis=_axis(percent=percent)),
         color=_colour("run", colors),
         opacity=alt.when(keep).then(alt.value(1.0)).otherwise(alt.value(FADED)),
-        tooltip=["run", group, alt.Tooltip(f"{value}:Q", format=".4g"), *(["tokens:Q"] if "tokens" in data else [])],
+        tooltip=["run", group, alt.Tooltip(f"{value}:Q", format=value_format(percent)),
+                 *(["tokens:Q"] if "tokens" in data else [])],
     ).add_params(keep).properties(title=_title(title), height=HEIGHT)
 
 
@@ -315,12 +321,29 @@ def flat(data: pd.DataFrame, value: str) -> str | None:
     return f"0 at float precision at every point (below {FLOAT_PRECISION:g})"
 
 
-def show(chart: alt.TopLevelMixin, data: pd.DataFrame, alt_text: str, value: str | None = None) -> None:
+PENDING = "Drawing {what}…"
+
+
+def placeholder(what: str):
+    """A slot where a chart will be, saying it is being drawn (:data:`PENDING`) while the page reads and shapes its
+    data; :func:`show` with ``into=`` puts the chart there. Pages make their slots before the slow work, so the page
+    keeps its layout and says what is coming instead of leaving a gap under the tables."""
+    slot = st.empty()
+    slot.caption(PENDING.format(what=what), help="The chart appears here once its data is read.")
+    return slot
+
+
+def show(chart: alt.TopLevelMixin, data: pd.DataFrame, alt_text: str, value: str | None = None, *,
+         into=None) -> None:
     """Render ``chart`` filling its container and, under it, a button that downloads ``data`` (the frame the
     chart draws) as CSV. ``alt_text`` names the chart for screen readers and tests, and the CSV file. With ``value``
     (the column the chart draws), a column that is 0, or 0 up to float rounding, everywhere is said in words instead
     of drawn as if it were signal, and a column that is exactly 0 everywhere is drawn with a caption saying so
-    (:func:`flat`)."""
+    (:func:`flat`). ``into``: a :func:`placeholder`, replaced by the chart."""
+    if into is not None:
+        with into.container():
+            show(chart, data, alt_text, value)
+        return
     why = None if value is None else flat(data, value)
     if why is not None and why != ZEROS:  # float noise: not signal, not drawn
         st.info(f"{alt_text}: {why}, so there is nothing to draw.", icon=":material/horizontal_rule:")
