@@ -32,6 +32,7 @@ from moestab.routing.base_routing import BaseRouting
 from moestab.run_folder import RunFolder, schema
 from moestab.run_folder.run_info import ModelInfo
 from moestab.tasks import Task, task_from_spec
+from moestab.train.base_fingerprint import check_resumed_base, fingerprint, uses_base
 from moestab.train.checkpoint import restore_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
 from moestab.train.distributed import (
@@ -209,6 +210,8 @@ def _set_up(
     processes, and build its optimizer (with the run's saved state when resuming)."""
     dtype = DTYPES[config.dtype]
     base_path, warm = _on_main(world, lambda: base_policy_path(config, task, log))
+    if start_step:  # before the run opens: a base changed since the run started is refused with run.json untouched
+        _on_main(world, lambda: check_resumed_base(folder.info().warm_start, base_path, config))
     model = load_policy(str(folder.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     problem = tokenizer_overflow(model, tokenizer)
@@ -288,8 +291,10 @@ class _Steps:
         checkpoint."""
         accuracy = self.evaluate()
         if self.main:
-            self.run.writer.update(warm_start={"accuracy": accuracy, "path": self.policy.base_path,
-                                               "record": self.policy.warm})
+            warm_start = {"accuracy": accuracy, "path": self.policy.base_path, "record": self.policy.warm}
+            if uses_base(self.config):  # what --resume checks the base against
+                warm_start["fingerprint"] = fingerprint(self.policy.base_path)
+            self.run.writer.update(warm_start=warm_start)
         self.save(0)
         self.log(f"start: eval accuracy {accuracy:.1%} on {len(self.eval_set)} held-out examples")
         return accuracy

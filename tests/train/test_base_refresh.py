@@ -102,3 +102,28 @@ def test_the_distance_from_the_base_is_the_rollout_to_pi_old_change_at_step_one(
 def test_settings_that_cannot_work_are_refused(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         tiny_config(tmp_path / "run", tmp_path / "cache", **overrides)
+
+
+def test_a_base_changed_since_the_run_started_is_refused_on_resume(tmp_path):
+    """Issue 55.3: the routing-constant control resumed on a rebuilt or edited base routed by another model from the
+    resumed step on, without a word. run.json fingerprints the base; a resume on another base is refused before
+    anything is written, and the same base resumes."""
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    settings = {"routing_replay": "base", "save_every": 10}
+    train(tiny_config(run, tmp_path / "cache", steps=2, **settings))
+    warm = json.loads((run / schema.RUN_JSON).read_text())["warm_start"]
+    assert len(warm["fingerprint"]) == 64
+    weights = next(p for p in (tmp_path / "cache").rglob("model.safetensors") if str(p.parent) == warm["path"])
+    original = weights.read_bytes()
+    tensors = load_file(str(weights))
+    router = next(name for name in tensors if name.endswith("mlp.gate.weight"))
+    tensors[router] = torch.flip(tensors[router], dims=[0])  # the experts' router rows swapped
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    before = (run / schema.RUN_JSON).read_bytes()
+    with pytest.raises(TrainingError, match=r"is not the one this run started from .*--routing-replay base"):
+        train(tiny_config(run, tmp_path / "cache", resume=str(run), steps=3, **settings))
+    assert (run / schema.RUN_JSON).read_bytes() == before
+    weights.write_bytes(original)
+    assert train(tiny_config(run, tmp_path / "cache", resume=str(run), steps=3, **settings)).last_step == 3
