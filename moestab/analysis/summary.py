@@ -23,13 +23,14 @@ from moestab.metrics.sampling import mean_se
 from moestab.run_folder import RunFolder, schema
 from moestab.run_folder.errors import RunFileError, Skipped, skip
 from moestab.run_folder.reader import (
+    check_token_table,
     list_token_files,
     load_metrics,
     load_tokens,
     metrics_step_problem,
-    open_token_file,
     read_run_info,
 )
+from moestab.run_folder.run_info import RunInfo
 
 _ROUTE_STATS = ("changed", "router_flip", "token_flip")
 """The routing-change statistics the summary averages (``old_new`` all three; the rollout pairs the flips)."""
@@ -149,11 +150,13 @@ def _no_logged_step(run: str | Path, last_step: int, skipped: list[Skipped] | No
                                f"holds no step, though run.json says the run reached step {last_step}; {tokens}"))
 
 
-def _check_token_files(run: str | Path, skipped: list[Skipped] | None) -> None:
-    """Put every per-token table that cannot be opened (truncated, not Parquet) in ``skipped``, naming it."""
+def _check_token_files(run: str | Path, info: RunInfo, skipped: list[Skipped] | None) -> None:
+    """Put every per-token table that cannot be opened (truncated, not Parquet) or whose first rows hold damaged
+    routes (an id outside the model, an expert named twice: a broken reference chain; ``check_token_table``) in
+    ``skipped``, naming it: damage is said even when metrics.jsonl spares the summary from reading the tables."""
     for path in list_token_files(run)["path"]:
         try:
-            open_token_file(path)
+            check_token_table(path, info.top_k, info.num_experts)
         except RunFileError as exc:
             skip(skipped, exc)
 
@@ -205,7 +208,7 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None,
         "path": str(info.path),
     }
     if metrics is not None:  # the summary reads no token table then, but a corrupt one is said all the same
-        _check_token_files(run, skipped)
+        _check_token_files(run, info, skipped)
     if metrics is None and len(list_token_files(run)):
         metrics = step_metrics_from_tokens(run, skipped)
     row.update(_step_means(in_window(metrics, steps) if metrics is not None else pd.DataFrame()))

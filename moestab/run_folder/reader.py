@@ -376,15 +376,66 @@ def iter_run_routes(
                 routes = {c: route_array(batch.column(c), top_k, layout) for c in route_columns}
             if len({r.shape[1] for r in routes.values()}) > 1:
                 raise ValueError(f"route columns {list(route_columns)} hold different numbers of layers")
-            if num_experts is not None:
-                for column, ids in routes.items():
+            for column, ids in routes.items():
+                if num_experts is not None:
                     _check_ids(ids, column, num_experts, offset)
+                check_decisions(ids, column, offset)
         except (ValueError, pa.ArrowException) as exc:
             bad.add(step)
             where = Path(run) / schema.tokens_file(step)
             skip(skipped, RunFileError(where, f"malformed route column ({exc}); the rest of the file is left out"))
             continue
         yield step, batch, routes
+
+
+DECISION_SAMPLE_ROWS = 256
+"""Rows of each batch, evenly spread, whose decisions :func:`check_decisions` reads for an expert named twice. A
+broken reference chain of a schema version 4 table decodes most rows to zero bytes (``[0, 0]``), so a sample finds
+it without reading every decision twice; damage confined to a few rows may pass it (the id range is checked in
+full)."""
+
+
+def check_decisions(ids: np.ndarray, column: str, first_row: int, sample: int = DECISION_SAMPLE_ROWS) -> None:
+    """ValueError naming the first of ``sample`` evenly spread rows of ``ids`` ``[rows, layers, top_k]`` (int16, -1
+    not recorded; or stored uint8, 255) whose decision names one expert twice: a top-k decision holds k distinct
+    experts, so the table's bytes, or the reference chain its route columns are decoded along, are damaged."""
+    rows, _, k = ids.shape
+    if rows == 0 or k < 2:
+        return
+    picked = np.unique(np.linspace(0, rows - 1, min(rows, sample)).astype(np.intp))  # [m]
+    part = ids[picked].astype(np.int16)  # [m, layers, k]
+    if ids.dtype == np.uint8:
+        part[part == 255] = -1  # stored uint8's "not recorded"
+    ordered = np.sort(part, axis=2)  # [m, layers, k]: a repeated expert sits beside itself
+    repeated = ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)).any(axis=2)  # [m, layers]
+    if repeated.any():
+        row, layer = (int(i) for i in np.argwhere(repeated)[0])
+        raise ValueError(f"{column} row {first_row + int(picked[row])}, layer {layer} names an expert twice "
+                         f"({part[row, layer].tolist()}); a top-k decision holds k distinct experts: the table's "
+                         "route bytes or the reference chain they are decoded along (schema version 4) are damaged")
+
+
+def check_token_table(path: str | Path, top_k: int, num_experts: int | None = None,
+                      rows: int = DECISION_SAMPLE_ROWS) -> None:
+    """:class:`RunFileError` naming ``path`` when it cannot be opened, its route layout cannot be followed, or the
+    route columns of its first ``rows`` rows hold an id outside ``num_experts`` or a decision naming an expert twice
+    (:func:`check_decisions`): what a reader that needs no token table (metrics.jsonl at hand) still says of one."""
+    parquet = open_token_file(path)
+    columns = [c for c in schema.ROUTE_COLUMNS if c in parquet.schema_arrow.names]
+    if not columns:
+        return
+    batch = next(iter_token_batches(path, columns, rows), None)
+    if batch is None:
+        return
+    try:
+        layout = route_layout(batch.schema)
+        for column in columns:
+            ids = route_array(batch.column(column), top_k, layout)  # [rows, layers, top_k]
+            if num_experts is not None:
+                _check_ids(ids, column, num_experts, 0)
+            check_decisions(ids, column, 0)
+    except (ValueError, pa.ArrowException) as exc:
+        raise RunFileError(path, f"malformed route column ({exc})") from exc
 
 
 def _check_ids(ids: np.ndarray, column: str, num_experts: int, first_row: int) -> None:

@@ -433,3 +433,47 @@ def test_an_expert_id_outside_the_model_in_a_binary_table_is_reported(tmp_path, 
     assert run_volatility(run, "rollout_old", skipped=skipped) is None
     (only,) = skipped
     assert "routes_rollout row 4, layer 0, slot 0 holds expert id 200; the run has 8 experts" in only.reason
+
+
+def _break_chain(path: Path) -> str:
+    """Rewrite a schema version 4 table's metadata so that a column stored as an XOR names no reference (issue 55.1:
+    read as is, its XORed bytes decode to mostly zeros, ``[0, 0]`` decisions); returns that column."""
+    table = pq.read_table(path)
+    metadata = dict(table.schema.metadata)
+    key = schema.ROUTES_METADATA_KEY.encode()
+    value = json.loads(metadata[key])
+    column = next(c for c, r in value["references"].items() if r is not None)
+    value["references"][column] = None
+    metadata[key] = json.dumps(value).encode()
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+    return column
+
+
+def test_a_broken_reference_chain_is_reported_by_every_reader_with_or_without_metrics(tmp_path):
+    from moestab.analysis.summary import run_summary
+
+    run = write_run(tmp_path / "run", 4, {1: step_tensors(8, seed=1), 2: step_tensors(8, seed=2)}, 8)
+    column = _break_chain(run / schema.tokens_file(1))
+    skipped: list = []
+    steps = [step for step, _, _ in R.iter_run_routes(run, [column], K, skipped=skipped)]
+    assert 1 not in steps and 2 in steps  # the damaged table is left out, the other read
+    (problem,) = [str(s) for s in skipped]
+    assert "step_000001.parquet" in problem and f"{column} row " in problem and "names an expert twice" in problem
+    # metrics.jsonl at hand: the summary reads no token table for its numbers, and still names the damaged one
+    (run / schema.METRICS_JSONL).write_text('{"step": 1}\n{"step": 2}\n')
+    skipped = []
+    run_summary(run, skipped)
+    assert any("step_000001.parquet" in str(s) and "malformed route column" in str(s) for s in skipped), skipped
+    assert not any("step_000002" in str(s) for s in skipped)
+
+
+def test_an_id_outside_the_model_is_reported_with_metrics_at_hand(tmp_path):
+    from moestab.analysis.summary import run_summary
+
+    t = step_tensors(8, seed=1)
+    t.batch.routes.indices[0, P - 1, 0, 0] = 200  # expert 200 of 8 (issue 55.8), on the first response token
+    run = write_run(tmp_path / "run", 4, {1: t}, 8)
+    (run / schema.METRICS_JSONL).write_text('{"step": 1}\n')
+    skipped: list = []
+    run_summary(run, skipped)
+    assert any("holds expert id 200; the run has 8 experts" in str(s) for s in skipped), skipped
