@@ -216,9 +216,10 @@ def lay_out(
 ) -> ImportedRoutes:
     """Sequences' routes on moestab's layout (module docstring), their ids checked.
 
-    Positions before a sequence's start are unrecorded (-1); rows past its last input position (``p + r - 2``) are
-    dropped; a sequence whose rows end before it is refused, naming the field and the shapes. A response token is
-    scored unless its sequence's ``trained`` mask leaves it out.
+    Positions before a sequence's start are unrecorded (-1); a row for the last token (position ``p + r - 1``, which
+    predicts nothing) is dropped; a sequence whose rows end before its last input position, or run past its last
+    token (rows of another sequence: a misaligned payload), is refused, naming the field and the shapes. A response
+    token is scored unless its sequence's ``trained`` mask leaves it out.
     """
     rows: list[np.ndarray] = []
     layers: tuple[int, ...] = ()
@@ -226,6 +227,10 @@ def lay_out(
         if seq.rows.ndim != 3 or seq.rows.shape[-1] < 1:
             raise PayloadError(f"{seq.field} must be [tokens, layers, top_k] with top_k >= 1, got shape "
                                f"{list(seq.rows.shape)} ({seq.rows.dtype})")
+        if seq.start + len(seq.rows) > seq.prompt + seq.response:
+            raise PayloadError(f"{seq.field} has {len(seq.rows)} rows from position {seq.start}, past the sequence's "
+                               f"{seq.prompt + seq.response} tokens ({seq.prompt} prompt + {seq.response} response): "
+                               "at most a row per token; the payload does not belong to this sequence")
         picked, layers = pick_layers(seq.rows, moe_layers, seq.field)
         rows.append(checked_ids(picked, seq.field, num_experts, physical_to_logical))
     prompts, responses = [s.prompt for s in sequences], [s.response for s in sequences]

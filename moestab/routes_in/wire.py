@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -52,7 +53,7 @@ def decode_base64(data: str | bytes, dtype: str | np.dtype, field: str) -> np.nd
 
 def shaped(flat: np.ndarray, shape: list[int], field: str) -> np.ndarray:
     """``flat`` as ``[tokens, layers, top_k]`` ``shape``; :class:`PayloadError` when the two disagree."""
-    if len(shape) != 3 or min(shape) < 0 or int(np.prod(shape)) != flat.size:
+    if len(shape) != 3 or min(shape) < 0 or math.prod(shape) != flat.size:  # Python ints: no int64 wraparound
         raise PayloadError(f"{field}: shape {shape} (expected [tokens, layers, top_k]) does not match its data, "
                            f"{flat.size} {flat.dtype.name} ids")
     return flat.reshape(shape)

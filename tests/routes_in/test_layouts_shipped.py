@@ -172,6 +172,14 @@ def test_nemo_rl_bad_envelopes_name_what_is_wrong():
     with pytest.raises(PayloadError, match=r"sequence 0 has 3 route rows from position 0; its 3 prompt \+ 2 response "
                                            r"tokens need 4"):
         one(nrlre1(seq[:3], "int16"))
+    # issue 55.7: 100 rows for a 5-token sequence (another sequence's routes) were read with 95 rows dropped
+    with pytest.raises(PayloadError, match=r"outputs\[0\]\.routed_experts has 100 rows from position 0, past the "
+                                           r"sequence's 5 tokens \(3 prompt \+ 2 response\)"):
+        one(nrlre1(np.concatenate([seq] * 20), "int16"))
+    # a shape whose product wraps around int64 to 0 matched an empty payload, then failed in numpy's reshape
+    with pytest.raises(PayloadError, match=r"shape \[4294967296, 4294967296, 1\] \(expected \[tokens, layers, "
+                                           r"top_k\]\) does not match its data, 0 int16 ids"):
+        one("nrlre1:int16:4294967296x4294967296x1:")
 
 
 # ---- SkyRL: compact payload {data, shape, dtype} -----------------------------------------------------------------
