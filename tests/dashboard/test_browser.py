@@ -36,6 +36,7 @@ from tests.support.dashboard import T_975_DF1, shown_number
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 except ImportError:  # the dev extra installs it; without it the test is skipped, saying so
     sync_playwright = None
 
@@ -120,7 +121,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 90.0) -> None:
+def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -205,6 +206,7 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": WIDTH, "height": TALLEST})
+    context.set_default_timeout(120_000)  # every wait is for what it checks; a loaded machine only makes it longer
     try:
         yield context.new_page()
     finally:
@@ -277,13 +279,26 @@ def test_page_renders_its_charts_in_chromium(server: str, page: Page, path: str,
     assert shot.stat().st_size > 30_000  # a page of tables and charts, not a blank or skeleton page
 
 
-def hover_tooltip(page: Page, marks) -> str:
-    """The tooltip Vega-Lite shows with the pointer at the centre of ``marks``."""
-    box = marks.bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+def hover_tooltip(page: Page, marks, deadline_s: float = 120.0) -> str:
+    """The tooltip Vega-Lite shows with the pointer over ``marks``. Waits for the tooltip itself, not for a fixed
+    time: under load a chart may take seconds to attach its handlers, and a pointer that arrived before them shows
+    nothing until it moves, so the pointer leaves and comes back (a little off the centre each time) until the
+    tooltip shows or ``deadline_s`` has passed (issue 55.9)."""
     tooltip = page.locator("#vg-tooltip-element.visible")
-    tooltip.wait_for(timeout=10_000)
-    return tooltip.inner_text()
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        box = marks.bounding_box()
+        shift = (attempt % 5 - 2) * 0.05  # the centre, then a little either side of it
+        page.mouse.move(box["x"] + box["width"] * (0.5 + shift), box["y"] + box["height"] * (0.5 + shift), steps=4)
+        try:
+            tooltip.wait_for(timeout=5_000)
+            return tooltip.inner_text()
+        except PlaywrightTimeout:
+            if time.monotonic() > deadline:
+                raise
+        page.mouse.move(0, 0)  # leave the chart, so that the next arrival is a new pointerover
+        attempt += 1
 
 
 def test_charts_answer_the_pointer(server: str, page: Page) -> None:
@@ -338,7 +353,7 @@ def test_probe_heatmaps_draw_a_row_per_checkpoint(server: str, served_root: Path
     open_settled(page, f"{server}/probes", "Probes", 1)
     page.locator('[data-testid="stSelectbox"]').first.click()
     page.get_by_role("option", name="saturation (1 folder(s))").click()
-    page.locator('[data-testid="stVegaLiteChart"][aria-label^="Top-1 router saturation"]').wait_for(timeout=60_000)
+    page.locator('[data-testid="stVegaLiteChart"][aria-label^="Top-1 router saturation"]').wait_for()
     settle(page, "Probes", 2)
     for name in ("Top-k router saturation", "Top-1 router saturation"):
         heatmap = page.locator(f'[data-testid="stVegaLiteChart"][aria-label^="{name}"]')
@@ -368,7 +383,7 @@ def test_compare_groups_in_chromium(server: str, page: Page, tmp_path: Path) -> 
         """(label) => Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'))
             .some(c => (c.getAttribute('aria-label') || '').startsWith(label)
                        && c.querySelector('svg g.mark-area path[d*="L"]'))""",
-        arg="routing/old_new/changed against step", timeout=60_000)
+        arg="routing/old_new/changed against step")
     settle(page, "Compare", COMPARE_CHARTS)
     assert band_paths(chart) == 1  # one group: "all runs"
     assert page.locator(ERRORS).count() == 0
@@ -401,7 +416,7 @@ def test_grpo_against_gspo_by_how_much_matches_moestab_analyze(algo_server: str,
     over steps 1-4 (GSPO's step 5 left out), paired by seed, their mean difference and its 95% t-interval (t with 1
     degree of freedom in closed form)."""
     open_settled(page, f"{algo_server}/", "Compare", COMPARE_CHARTS)
-    page.get_by_text("Paired difference: group").wait_for(timeout=60_000)
+    page.get_by_text("Paired difference: group").wait_for()
     settle(page, "Compare", COMPARE_CHARTS)
     assert page.locator(ERRORS).count() == 0
     body = page.inner_text("body")
