@@ -89,6 +89,11 @@ SUMMARY_COLUMNS = (
 """
 
 
+SUMMARY_METRIC_KEYS = (keys.ROUTING_CHANGED.format(pair="old_new"), keys.EVAL_ACCURACY, keys.INTEGRITY_FAILED,
+                       *SUMMARY_KEYS.values(), *SAMPLING_ERRORS.values())
+"""The metrics.jsonl keys a summary row reads (:func:`load_metrics` keeps only these)."""
+
+
 def _step_means(metrics: pd.DataFrame) -> dict[str, float]:
     measured = keys.ROUTING_CHANGED.format(pair="old_new")
     out = {"measured_steps": int(pd.to_numeric(metrics[measured], errors="coerce").notna().sum())
@@ -185,7 +190,7 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None,
     info = read_run_info(run)
     metrics: pd.DataFrame | None
     try:
-        metrics = load_metrics(run, skipped)
+        metrics = load_metrics(run, skipped, keys=SUMMARY_METRIC_KEYS)  # only what the row reads: bounded memory
     except RunFileError as exc:
         skip(skipped, RunFileError(exc.path, f"{exc.problem}; stability numbers recomputed from the token tables"))
         metrics = None

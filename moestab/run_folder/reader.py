@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,20 @@ DEFAULT_BATCH_VALUES = 1 << 22
 _READ_BUFFER = 1 << 20  # bytes of Parquet read buffer per column
 
 
-def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.DataFrame:
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a text file, read one line at a time (a 1 GB metrics.jsonl is never in memory
+    whole); :class:`RunFileError` when it is missing or unreadable."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            yield from enumerate(f, start=1)
+    except FileNotFoundError as exc:
+        raise RunFileError(path, "missing") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFileError(path, f"unreadable ({exc})") from exc
+
+
+def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
+                 keys: Collection[str] | None = None) -> pd.DataFrame:
     """Read ``RUN/metrics.jsonl`` into a DataFrame, one row per step, sorted by ``step``.
 
     Columns are the keys of the lines (``step``, ``reward/mean``, ``routing/old_new/changed``, ...);
@@ -58,17 +71,13 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.Da
     an integer ``step`` (e.g. the torn last line of a running run) goes to ``skipped`` (raises
     :class:`RunFileError` naming the line when ``skipped`` is ``None``); when a step appears twice (a
     damaged run, :func:`metrics_step_problem`) the last line wins. Raises :class:`RunFileError` if the
-    file is missing or unreadable.
+    file is missing or unreadable. ``keys``: only these columns (and ``step``) are kept, so that memory follows what
+    the caller reads, not the file: the file is read a line at a time.
     """
     path = Path(run) / schema.METRICS_JSONL
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise RunFileError(path, "missing") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunFileError(path, f"unreadable ({exc})") from exc
+    wanted = None if keys is None else {"step", *keys}
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in _lines(path):
         if not line.strip():
             continue
         try:
@@ -80,6 +89,8 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None) -> pd.Da
         if isinstance(step, bool) or not isinstance(step, int):
             skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
             continue
+        if wanted is not None:
+            row = {k: v for k, v in row.items() if k in wanted}
         for key in [k for k, value in row.items() if k != "step" and not _is_metric_value(value)]:
             shown = json.dumps(row.pop(key))
             skip(skipped, RunFileError(path, f"line {number} (step {step}): {key!r} is {shown[:40]}, not a number, a "
@@ -109,12 +120,23 @@ def metrics_step_problem(run: str | Path) -> str | None:
     left out here (:func:`load_metrics` reports them).
     """
     path = Path(run) / schema.METRICS_JSONL
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
     last: tuple[int, int] | None = None  # (line, step) of the previous step
-    for number, line in enumerate(text.splitlines(), start=1):
+    try:
+        lines = list(_steps_of(_lines(path)))
+    except RunFileError:
+        return None
+    for number, step in lines:
+        if last is not None and step <= last[1]:
+            how = "repeats" if step == last[1] else "goes back"
+            return (f"{path}: the step {how}: line {number} is step {step}, after step {last[1]} on line {last[0]}; "
+                    "two writers (or joined files) mixed their records, so the run's numbers cannot be trusted")
+        last = (number, step)
+    return None
+
+
+def _steps_of(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[int, int]]:
+    """``(line number, step)`` of each line that is a JSON object with an integer ``step``."""
+    for number, line in lines:
         try:
             row = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
@@ -122,12 +144,7 @@ def metrics_step_problem(run: str | Path) -> str | None:
         step = row.get("step") if isinstance(row, dict) else None
         if isinstance(step, bool) or not isinstance(step, int):
             continue
-        if last is not None and step <= last[1]:
-            how = "repeats" if step == last[1] else "goes back"
-            return (f"{path}: the step {how}: line {number} is step {step}, after step {last[1]} on line {last[0]}; "
-                    "two writers (or joined files) mixed their records, so the run's numbers cannot be trusted")
-        last = (number, step)
-    return None
+        yield number, step
 
 
 def load_runs_metrics(runs: Iterable[str | Path], skipped: list[Skipped] | None = None) -> pd.DataFrame:
