@@ -66,7 +66,9 @@ def analyze(run: Path, code: Path | None) -> tuple[float, float]:
     if code is not None:
         env["PYTHONPATH"] = str(code)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, str(run)], env=env, capture_output=True, text=True)
+    # Run from the run's parent: ``python -c`` puts the working directory first on sys.path, ahead of PYTHONPATH.
+    done = subprocess.run([sys.executable, "-c", CHILD, str(run)], env=env, capture_output=True, text=True,
+                          cwd=run.parent)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"moestab analyze {run} failed ({done.returncode}): {done.stderr[-2000:]}")
