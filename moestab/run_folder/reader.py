@@ -77,6 +77,7 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
     path = Path(run) / schema.METRICS_JSONL
     wanted = None if keys is None else {"step", *keys}
     rows: list[dict[str, Any]] = []
+    frames: list[pd.DataFrame] = []
     for number, line in _lines(path):
         if not line.strip():
             continue
@@ -96,11 +97,29 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
             skip(skipped, RunFileError(path, f"line {number} (step {step}): {key!r} is {shown[:40]}, not a number, a "
                                              "list of numbers or null; that value is left out"), line=number)
         rows.append(row)
-    frame = pd.DataFrame.from_records(rows)
+        if len(rows) == METRICS_CHUNK_ROWS:  # into columns as it goes: a Python dict a line would hold ~1 KB each
+            frames.append(_records(rows))
+            rows = []
+    frames.append(_records(rows))
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if frame.empty:
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     return frame.reset_index(drop=True)
+
+
+METRICS_CHUNK_ROWS = 8192
+"""metrics.jsonl lines turned into DataFrame columns at a time (:func:`load_metrics`)."""
+
+
+def _records(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """``rows`` as a frame; a column null on every row of the chunk is float NaN, as it is when another chunk has
+    numbers in it (an object column of ``None`` would make the whole column object when the chunks are joined)."""
+    frame = pd.DataFrame.from_records(rows)
+    for column in frame.select_dtypes(include="object").columns:
+        if frame[column].isna().all():
+            frame[column] = np.nan
+    return frame
 
 
 def _is_metric_value(value: Any) -> bool:

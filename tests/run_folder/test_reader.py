@@ -250,3 +250,28 @@ def test_live_status_judges_a_running_run_by_its_writer(fake_run):
     assert _with_writer(fake_run, "finished", {"host": here, "pid": dead_pid}).live_status() == "finished"
     _with_writer(fake_run, "running", {"host": here, "pid": dead_pid})
     assert run_summary(fake_run.path)["status"] == "stopped"  # what `moestab analyze` and the dashboard show
+
+
+def test_metrics_read_in_chunks_and_by_key_are_the_whole_files_columns(tmp_path, monkeypatch):
+    """Issue 55.10: metrics.jsonl is read a line at a time, turned into columns chunk by chunk, and ``keys`` keeps
+    only what a caller reads; the frame is the one the whole file gave (sparse keys, a key null for a whole chunk,
+    list values)."""
+    import pandas as pd
+
+    R = L
+    with (tmp_path / schema.METRICS_JSONL).open("w") as f:
+        for step in range(1, 2000):
+            row = {"step": step, "a": step * 0.5, "b": None if step < 900 else step,
+                   "c": [step, step + 1] if step % 3 == 0 else None}
+            if step % 7 == 0:
+                row["e"] = 1.0
+            f.write(json.dumps(row) + "\n")
+    monkeypatch.setattr(R, "METRICS_CHUNK_ROWS", 10**9)
+    whole = R.load_metrics(tmp_path)
+    monkeypatch.setattr(R, "METRICS_CHUNK_ROWS", 512)  # chunks 1 and 2 hold no number for "b"
+    chunked = R.load_metrics(tmp_path)
+    pd.testing.assert_frame_equal(chunked, whole)
+    assert whole["b"].dtype == float and whole["c"].dtype == object
+    picked = R.load_metrics(tmp_path, keys=["b", "e"])
+    assert list(picked.columns) == ["step", "b", "e"]
+    pd.testing.assert_frame_equal(picked, whole[["step", "b", "e"]])
