@@ -39,7 +39,6 @@ PROMPTS, RESPONSES = (3, 2), (2, 3)
 PARSED = "parsed"
 RUN = "run here"
 ELSEWHERE = "run by tests/integrations/test_trl_callback.py"
-OUTPUT = "printed output, not code"
 BOUND = ("a reference of one call per framework (README says so): each call bound to its importer's signature; the "
          "payloads are the frameworks' objects, run on their real layouts by tests/integrations/test_routes_in*.py")
 HANDLING = {
@@ -53,7 +52,6 @@ HANDLING = {
     "from moestab.routes_in import import_routes": RUN,
     "# vLLM (RequestOutput objects or the server's JSON; 0.33's one-array layout has a row per decoder layer)": BOUND,
     "from moestab.integrations.verl import route_metrics": RUN,
-    "checkpoint          layer 0  layer 1  layer 2  layer 3": OUTPUT,
     "from moestab.models import build_embedded_policy": RUN,
     "import torch": RUN,
 }
