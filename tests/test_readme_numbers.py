@@ -54,3 +54,27 @@ def test_a_changed_cell_or_a_wrong_mark_is_caught(numbers, tmp_path, monkeypatch
     assert problems and "has 1 tables, not a table 2" in problems[0]
     _, problems = numbers.synced(right.replace("default_run", "nonesuch"))
     assert problems and "no source 'nonesuch'" in problems[0]
+
+
+# Figures README's prose quotes that are not measured here: the papers' (R3's k3 figures) and identifiers.
+NOT_MEASURED = {"7.5e-4": "R3 paper, MoE with R3", "2606.00395": "arXiv id of PR²", "1e-10": "a test's tolerance"}
+
+
+def test_every_figure_in_readmes_prose_is_in_a_committed_output(numbers):
+    """Beyond the marked tables: each decimal, percent or exponent figure README's prose quotes appears in a committed
+    output (docs/, docs/readme_numbers/: benchmarks, versions, findings, the tables' outputs) or is named in
+    :data:`NOT_MEASURED`, so that a number typed into README by hand, measured nowhere, fails here."""
+    import re
+
+    prose, in_code = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.strip().startswith("```"):
+            in_code = not in_code
+        elif not in_code and not line.strip().startswith("|"):
+            prose.append(line)
+    figures = set(re.findall(r"(?<![\w.])(\d+(?:\.\d+)?(?:e-?\d+)?%?)(?!\w)", "\n".join(prose)))
+    figures = {f for f in figures if "." in f or "%" in f or "e" in f}
+    outputs = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*") if p.suffix in (".md", ".csv"))
+    unsourced = sorted(f for f in figures if f not in outputs and f not in NOT_MEASURED)
+    assert unsourced == [], "README quotes figures no committed output holds"
+    assert len(figures) > 50  # the check reads README's prose, not nothing
