@@ -102,7 +102,7 @@ ERRORS = '[data-testid="stAlertContentError"], [data-testid="stException"]'
 
 # Per visible table: its box against the page's main column, and whether its grid fits or scrolls sideways (issue 54.10:
 # tables cut off at 1,400 px).
-TABLES = """() => {
+DATAFRAME_BOXES = """() => {
   const main = document.querySelector('[data-testid="stMainBlockContainer"]').getBoundingClientRect();
   return Array.from(document.querySelectorAll('[data-testid="stDataFrame"]')).filter(t => t.checkVisibility())
     .map(t => {
@@ -266,7 +266,7 @@ def test_page_renders_its_charts_in_chromium(server: str, page: Page, path: str,
     if path == "runs":
         table = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
         assert table and table["width"] > 100 and table["height"] > 50  # the runs table
-    for table in page.evaluate(TABLES):  # inside the page's column, every column reachable
+    for table in page.evaluate(DATAFRAME_BOXES):  # inside the page's column, every column reachable
         assert table["left"] >= table["mainLeft"] - 1 and table["right"] <= table["mainRight"] + 1, table
         assert table["fits"] or table["scrolls"], table
     assert "Drawing " not in page.inner_text("body")  # every chart's placeholder was replaced by its chart
