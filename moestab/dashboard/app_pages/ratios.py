@@ -5,7 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from moestab.analysis.dashboard_data import shared_histograms, stack_runs
+from moestab.analysis.labels import metric_label
 from moestab.dashboard.kit import charts, loaders, ui
+from moestab.metrics import keys
 
 ui.page_header(
     "Ratios",
@@ -55,18 +57,19 @@ st.caption(
     "(GSPO), as GSPO Fig. 2 compares them. Minibatches 2..n only: the first minibatch's ratio is 1 by construction."
 )
 cells = st.columns(2)
-for cell, (column, title, ylabel) in zip(
+for cell, (column, title, key) in zip(
     cells,
     [
-        ("token_frac_later", "Clipped tokens (minibatches 2..n)", "% of recorded tokens"),
-        ("seq_frac_later", "Sequences with a clipped token (minibatches 2..n)", "% of recorded sequences"),
+        ("token_frac_later", "Clipped tokens (minibatches 2..n)", keys.CLIP_TOKEN_FRAC_LATER),
+        ("seq_frac_later", "Sequences with a clipped token (minibatches 2..n)", keys.CLIP_SEQ_FRAC_LATER),
     ],
     strict=True,
 ):
     frame = stack_runs({label: d["clip_by_step"][["step", column]] for label, d in data.items()})
     with cell:
-        chart = charts.lines(frame, "step", column, title=title, xlabel="step", ylabel=ylabel, colors=colors,
-                             integer_x=True, percent=True)  # shares, in percent as on every surface
+        unit = metric_label(key)  # the key's unit, as every surface writes it (recorded tokens here)
+        chart = charts.lines(frame, "step", column, title=title, xlabel="step", ylabel=f"{unit.unit} (recorded)",
+                             colors=colors, integer_x=True, percent=unit.percent)
         charts.show(chart, frame, f"{title} by step", value=column)
 
 st.header("Variance against response length")
