@@ -80,7 +80,8 @@ def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *
     recorded = _recorded(captured)  # [tokens, layers] every slot recorded; None: every decision
     rows = np.full(layers, tokens) if recorded is None else recorded.sum(axis=0)  # [layers]
     bad = None if distinct else repeated_experts(np.ascontiguousarray(captured))  # [tokens, layers]
-    if num_experts is not None and captured.size and int(captured.max()) >= num_experts:
+    top = int(captured.max(initial=-1)) if num_experts is not None else -1  # one pass: the largest id
+    if num_experts is not None and top >= num_experts:
         outside = captured.max(axis=2) >= num_experts  # [tokens, layers] only when some id is outside the model
         bad = outside if bad is None else bad | outside
     if bad is not None and recorded is not None:
@@ -99,7 +100,7 @@ def route_integrity(captured: np.ndarray, reference: np.ndarray | None = None, *
     if num_experts is not None:
         slots = int(rows.sum()) * k
         out[keys.INTEGRITY_WRAPPED] = int(num_experts > WRAP and slots >= MIN_WRAP_SLOTS
-                                          and int(captured.max(initial=-1)) < WRAP)
+                                          and top < WRAP)
     if reference is not None:
         if reference.shape != captured.shape:
             raise ValueError(f"reference {tuple(reference.shape)} must be the capture's tokens, layers and top_k "

@@ -29,7 +29,7 @@ from moestab.metrics.experts import expert_counts, load_stats
 from moestab.metrics.integrity import route_integrity
 from moestab.metrics.mismatch import mismatch_stats
 from moestab.metrics.ratios import clip_fractions, ratio_stats
-from moestab.metrics.routes import intersection_sizes, route_change
+from moestab.metrics.routes import intersection_sizes, route_change, token_changes
 from moestab.metrics.routing_share import routing_share, routing_share_by_minibatch
 from moestab.metrics.sampling import ratio_se
 from moestab.recording.step_tensors import StepTensors
@@ -64,6 +64,7 @@ class StepView:
         self.updates = updates
         """The trainer's update reports, or None when it gives none."""
         self._intersections: dict[str, np.ndarray] = {}
+        self._changes: dict[str, dict[str, np.ndarray]] = {}
 
     @cached_property
     def routes(self) -> dict[str, np.ndarray]:
@@ -133,6 +134,16 @@ class StepView:
             col_a, col_b = schema.ROUTE_PAIRS[pair]
             self._intersections[pair] = intersection_sizes(self.routes[col_a], self.routes[col_b], threads=1)
         return self._intersections[pair]
+
+    def changes(self, pair: str) -> dict[str, np.ndarray] | None:
+        """``route_change`` of ``pair`` over the tokens :meth:`keep` gives it (None on a step that measured none),
+        computed once a step for the metric functions that read it (routing change, route integrity)."""
+        keep = self.keep(*schema.ROUTE_PAIRS[pair])
+        if keep is None:
+            return None
+        if pair not in self._changes:
+            self._changes[pair] = route_change(self.intersections(pair)[keep], self.top_k)
+        return self._changes[pair]
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
@@ -205,14 +216,13 @@ def routing_metrics(v: StepView) -> dict[str, object]:
         keep = v.keep(*columns)
         if keep is None:
             continue
-        inter = v.intersections(pair)[keep]  # [tokens', layers]
-        rates = route_change(inter, v.top_k)  # one group: every value [1]
+        rates = v.changes(pair)  # one group: every value [1]
         for stat, pattern in keys.ROUTE_CHANGE_KEYS.items():
             value = rates[stat][0]
             out[pattern.format(pair=pair)] = value.tolist() if value.ndim else float(value)
         if v.sampled(*columns):
             n_groups = len(v.tensors.examples)
-            by_group = route_change(inter, v.top_k, v.group[keep], n_groups)
+            by_group = route_change(v.intersections(pair)[keep], v.top_k, v.group[keep], n_groups)
             scored = by_group["routers"] > 0  # [groups] the sampled ones
             for stat, pattern in keys.ROUTE_CHANGE_SE_KEYS.items():
                 decisions = by_group["routers"][scored]  # [m]
@@ -230,9 +240,11 @@ def integrity_metrics(v: StepView) -> dict[str, object]:
     judged = v.replay not in schema.BASE_ROUTED_MODES
     if keep is None:
         return route_integrity(rollout, num_experts=num_experts, agreement=judged)
+    pair = "rollout_old_free"  # the routing change's own counts, and each token's change beside them
+    changes = {"changed_by_layer": v.changes(pair)["changed_by_layer"],
+               "changed_by_token": token_changes(v.intersections(pair)[keep], v.top_k)}
     return route_integrity(rollout[keep], v.routes[schema.COL_ROUTES_OLD_FREE][keep], num_experts=num_experts,
-                           agreement=judged,
-                           changes=route_change(v.intersections("rollout_old_free")[keep], v.top_k, by_token=True))
+                           agreement=judged, changes=changes)
 
 
 def drift_metrics(v: StepView) -> dict[str, object]:

@@ -141,15 +141,15 @@ def metrics_step_problem(run: str | Path) -> str | None:
     path = Path(run) / schema.METRICS_JSONL
     last: tuple[int, int] | None = None  # (line, step) of the previous step
     try:
-        lines = list(_steps_of(_lines(path)))
+        for number, step in _steps_of(_lines(path)):
+            if last is not None and step <= last[1]:
+                how = "repeats" if step == last[1] else "goes back"
+                return (f"{path}: the step {how}: line {number} is step {step}, after step {last[1]} on line "
+                        f"{last[0]}; two writers (or joined files) mixed their records, so the run's numbers cannot "
+                        "be trusted")
+            last = (number, step)
     except RunFileError:
         return None
-    for number, step in lines:
-        if last is not None and step <= last[1]:
-            how = "repeats" if step == last[1] else "goes back"
-            return (f"{path}: the step {how}: line {number} is step {step}, after step {last[1]} on line {last[0]}; "
-                    "two writers (or joined files) mixed their records, so the run's numbers cannot be trusted")
-        last = (number, step)
     return None
 
 

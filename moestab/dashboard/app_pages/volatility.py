@@ -207,7 +207,7 @@ for run in runs:
             table[["position_bin", "layer", "changed"]], TOKENS_SOURCE)
 step_top, position_top = top_of(by_step), top_of(by_position)
 st.caption(
-    "Changed fraction of routed slots, old → new beside rollout → trainer (free pi_old), one expander per run. "
+    "Changed share of routed slots, old → new beside rollout → trainer (free pi_old), one expander per run. "
     f"One colour scale for every layer × step heatmap (0 to {format_value(step_top, True)}; metrics.jsonl, else the "
     f"recorded tokens) and one for every layer × position heatmap (0 to {format_value(position_top, True)}; recorded "
     "tokens, by 0-based "
