@@ -376,6 +376,15 @@ def check_path_lengths(name: str, path: str | None) -> None:
         raise ConfigError(f"{name}: the path is over {PATH_MAX} bytes long; give a shorter one")
 
 
+CACHE_ENV = "MOESTAB_CACHE"
+"""The environment variable naming moestab's cache folder (warm-started bases, the dashboard's run index)."""
+
+
+def cache_root(folder: str | None = None) -> Path:
+    """moestab's cache folder: ``folder``, else ``$MOESTAB_CACHE``, else ``~/.cache/moestab`` (not created here)."""
+    return Path(folder or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "moestab")
+
+
 def check_cache_dir(name: str, folder: str | None) -> None:
     """The warm-start cache: ``None`` (the default cache) or a folder that exists or can be created."""
     if folder is None:

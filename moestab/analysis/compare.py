@@ -152,22 +152,14 @@ def _scalar_numbers(column: pd.Series) -> pd.Series | None:
     return pd.to_numeric(column, errors="coerce").astype(np.float64)
 
 
-def metric_keys(frames: Mapping[str, pd.DataFrame]) -> dict[str, int]:
-    """Every scalar metrics.jsonl key of the runs' frames -> how many runs have a number for it at some step.
-
-    List-valued keys (``.../changed_by_layer``) and ``step`` are left out; a key whose every value is null counts
-    for no run. Keys of :data:`moestab.metrics.keys.KEYS` come in metrics.jsonl's order, any other keys after them,
-    sorted.
-    """
+def key_counts(names: Mapping[str, Iterable[str]]) -> dict[str, int]:
+    """Every scalar metrics.jsonl key of the runs -> how many runs have a number for it at some step (``names``: run ->
+    the keys it has a number for, :func:`moestab.run_folder.reader.load_metrics`'s ``names``). Keys of
+    :data:`moestab.metrics.keys.KEYS` come in metrics.jsonl's order, any other keys after them, sorted."""
     counts: dict[str, int] = {}
-    for frame in frames.values():
-        for key in frame.columns:
-            if key == keys.STEP:
-                continue
-            numbers = _scalar_numbers(frame[key])
-            if numbers is None:
-                continue
-            counts[key] = counts.get(key, 0) + int(numbers.notna().any())
+    for run_keys in names.values():
+        for key in set(run_keys):
+            counts[key] = counts.get(key, 0) + 1
     known = [key for key in keys.KEYS if key in counts]
     other = sorted(key for key in counts if key not in keys.KEYS)
     return {key: counts[key] for key in [*known, *other]}

@@ -8,6 +8,8 @@ The shaping functions select, stack and reshape values; every quantity is still 
 
 from __future__ import annotations
 
+import os
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,19 +80,31 @@ def runs_too_deep(root: str | Path, max_depth: int = 3, further: int = 3) -> lis
 
 
 def run_fingerprint(run: str | Path) -> tuple[tuple[str, int, int], ...]:
-    """``(relative path, mtime_ns, size)`` of every file the analyzers read (run.json, metrics.jsonl,
-    tokens/*.parquet), sorted: equal fingerprints mean nothing read from the run has changed.
+    """``(name, mtime_ns, size)`` of run.json and metrics.jsonl, and ``("tokens/", mtime_ns, tables)`` of the tokens
+    folder (its time, and a CRC-32 of its ``.parquet`` names with their inode numbers), sorted: equal fingerprints mean
+    nothing the analyzers read (run.json, metrics.jsonl, tokens/*.parquet) has changed.
 
-    Missing files are left out (a run without metrics yet has a shorter fingerprint).
+    The tables are not stat'ed one by one (a runs folder of 10,000 runs holds ~600,000): every table is renamed into
+    place whole (docs/run-format.md), so a table added, removed or replaced changes the folder's names or inodes (read
+    with the listing, no stat each), even within one tick of the file system's clock. A table rewritten in place by
+    another tool is not seen (the dashboard's Refresh re-reads everything). Missing files are left out (a run without
+    metrics yet has a shorter fingerprint).
     """
-    run = Path(run)
+    folder = RunFolder(run)
     out = []
-    for path in RunFolder(run).analyzed_files():
+    for path in (folder.run_json, folder.metrics_file):
         try:
             stat = path.stat()
         except OSError:
             continue
-        out.append((path.relative_to(run).as_posix(), stat.st_mtime_ns, stat.st_size))
+        out.append((path.name, stat.st_mtime_ns, stat.st_size))
+    try:
+        with os.scandir(folder.tokens_dir) as entries:
+            tables = sorted(f"{entry.name}:{entry.inode()}" for entry in entries if entry.name.endswith(".parquet"))
+        out.append((f"{folder.tokens_dir.name}/", folder.tokens_dir.stat().st_mtime_ns,
+                    zlib.crc32("/".join(tables).encode())))
+    except OSError:  # no tokens folder (yet)
+        pass
     return tuple(sorted(out))
 
 
@@ -100,15 +114,17 @@ def run_overview(run: str | Path, skipped: list[Skipped] | None = None) -> dict[
     ``last_step``: the steps of metrics.jsonl, which the row's step means cover (``None`` without a readable step:
     then its means, if any, come from the token tables).
 
+    Of the per-token tables, every file and route layout is checked and the first rows of the first and last only
+    (``run_summary(check_tables="ends")``): the row costs ~the same for a run of 60 tables as for one of 1.
     Raises what ``run_summary`` raises when run.json is unusable.
     """
-    row = run_summary(run, skipped)
+    row = run_summary(run, skipped, check_tables="ends")  # a Runs page of thousands of runs: tables' ends only
     info = read_run_info(run)
     row["planned_steps"] = info.planned_steps
     row["updated"] = info.updated or None
     row["error"] = info.error
     try:
-        steps = load_metrics(run, skipped=[])[keys.STEP]  # what it skips, run_summary has said
+        steps = load_metrics(run, skipped=[], keys=())[keys.STEP]  # what it skips, run_summary has said
     except RunError:
         steps = pd.Series(dtype=np.int64)
     row["first_step"], row["last_step"] = (int(steps.min()), int(steps.max())) if len(steps) else (None, None)

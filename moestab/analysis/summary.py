@@ -155,13 +155,22 @@ def _no_logged_step(run: str | Path, last_step: int, skipped: list[Skipped] | No
                                f"holds no step, though run.json says the run reached step {last_step}; {tokens}"))
 
 
-def _check_token_files(run: str | Path, info: RunInfo, skipped: list[Skipped] | None) -> None:
+TABLE_CHECKS = ("all", "ends")
+"""How much of its per-token tables :func:`run_summary` checks when metrics.jsonl spares it from reading them:
+``all``, every table's first rows; ``ends``, every table's file and route layout, and the first rows of the first and
+the last table only (a table costs ~2-4 ms to check: the dashboard's Runs page over thousands of runs)."""
+
+
+def _check_token_files(run: str | Path, info: RunInfo, skipped: list[Skipped] | None, how: str) -> None:
     """Put every per-token table that cannot be opened (truncated, not Parquet) or whose first rows hold damaged
     routes (an id outside the model, an expert named twice: a broken reference chain; ``check_token_table``) in
-    ``skipped``, naming it: damage is said even when metrics.jsonl spares the summary from reading the tables."""
-    for path in list_token_files(run)["path"]:
+    ``skipped``, naming it: damage is said even when metrics.jsonl spares the summary from reading the tables.
+    ``how``: one of :data:`TABLE_CHECKS`."""
+    paths = list(list_token_files(run)["path"])
+    for index, path in enumerate(paths):
         try:
-            check_token_table(path, info.top_k, info.num_experts)
+            check_token_table(path, info.top_k, info.num_experts,
+                              decisions=how == "all" or index in (0, len(paths) - 1))
         except RunFileError as exc:
             skip(skipped, exc)
 
@@ -178,15 +187,18 @@ def in_window(metrics: pd.DataFrame, steps: tuple[int, int] | None) -> pd.DataFr
 
 
 def run_summary(run: str | Path, skipped: list[Skipped] | None = None,
-                steps: tuple[int, int] | None = None) -> dict[str, Any]:
+                steps: tuple[int, int] | None = None, check_tables: str = "all") -> dict[str, Any]:
     """The summary row of one run (keys of :data:`SUMMARY_COLUMNS`).
 
     Raises ``NotARunError`` / ``SchemaVersionError`` / ``RunFileError`` when run.json itself is
     unusable. Anything else unreadable goes to ``skipped`` (raises with ``skipped=None``); without a
     readable metrics.jsonl the stability columns come from the per-token tables. ``steps``: the step means (and
     ``measured_steps``) over these steps only (first, last; both included), so that runs of different lengths are
-    compared over the same steps (the dashboard's Compare page does the same); ``None``: every step.
+    compared over the same steps (the dashboard's Compare page does the same); ``None``: every step. ``check_tables``:
+    how much of the per-token tables is checked when metrics.jsonl is read instead (:data:`TABLE_CHECKS`).
     """
+    if check_tables not in TABLE_CHECKS:
+        raise ValueError(f"check_tables must be one of {TABLE_CHECKS}, got {check_tables!r}")
     info = read_run_info(run)
     metrics: pd.DataFrame | None
     try:
@@ -213,7 +225,7 @@ def run_summary(run: str | Path, skipped: list[Skipped] | None = None,
         "path": str(info.path),
     }
     if metrics is not None:  # the summary reads no token table then, but a corrupt one is said all the same
-        _check_token_files(run, info, skipped)
+        _check_token_files(run, info, skipped, check_tables)
     if metrics is None and len(list_token_files(run)):
         metrics = step_metrics_from_tokens(run, skipped)
     row.update(_step_means(in_window(metrics, steps) if metrics is not None else pd.DataFrame()))

@@ -62,7 +62,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
-                 keys: Collection[str] | None = None) -> pd.DataFrame:
+                 keys: Collection[str] | None = None, names: set[str] | None = None) -> pd.DataFrame:
     """Read ``RUN/metrics.jsonl`` into a DataFrame, one row per step, sorted by ``step``.
 
     Columns are the keys of the lines (``step``, ``reward/mean``, ``routing/old_new/changed``, ...);
@@ -72,7 +72,8 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
     :class:`RunFileError` naming the line when ``skipped`` is ``None``); when a step appears twice (a
     damaged run, :func:`metrics_step_problem`) the last line wins. Raises :class:`RunFileError` if the
     file is missing or unreadable. ``keys``: only these columns (and ``step``) are kept, so that memory follows what
-    the caller reads, not the file: the file is read a line at a time.
+    the caller reads, not the file: the file is read a line at a time. ``names``: every key that holds a number (not
+    a list) on some line is added to it, kept or not, so that a caller can offer every key while holding a few.
     """
     path = Path(run) / schema.METRICS_JSONL
     wanted = None if keys is None else {"step", *keys}
@@ -90,6 +91,8 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
         if isinstance(step, bool) or not isinstance(step, int):
             skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
             continue
+        if names is not None:
+            names.update(k for k, v in row.items() if isinstance(v, int | float) and v == v and k != "step")
         if wanted is not None:
             row = {k: v for k, v in row.items() if k in wanted}
         for key in [k for k, value in row.items() if k != "step" and not _is_metric_value(value)]:
@@ -236,7 +239,8 @@ def _stored(
     schema version 4 table, the reference chains of its route columns, which are decoded
     (:func:`~moestab.run_folder.route_columns.stored_columns`). Raises :class:`RunFileError` for a missing column
     or route layout metadata this moestab cannot follow."""
-    names = parquet.schema_arrow.names
+    arrow_schema = parquet.schema_arrow  # built anew at each access
+    names = arrow_schema.names
     wanted = list(columns) if columns is not None else names
     missing = [c for c in wanted if c not in names]
     if missing:
@@ -244,7 +248,7 @@ def _stored(
     if not set(wanted) & set(schema.ROUTE_COLUMNS):
         return wanted, wanted, False  # no route column: its layout does not matter
     try:
-        layout = route_layout(parquet.schema_arrow)
+        layout = route_layout(arrow_schema)
         return wanted, stored_columns(layout, wanted, names), layout is not None and layout.encoding == XOR
     except ValueError as exc:
         raise RunFileError(path, f"malformed route layout ({exc})") from exc
@@ -272,7 +276,14 @@ def iter_token_batches(
     """
     if batch_rows is not None and batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
-    parquet = open_token_file(path)
+    yield from _batches_of(open_token_file(path), path, columns, batch_rows)
+
+
+def _batches_of(
+    parquet: pq.ParquetFile, path: str | Path, columns: Sequence[str] | None, batch_rows: int | None
+) -> Iterator[pa.RecordBatch]:
+    """:func:`iter_token_batches` of a table already opened (one open per reader: opening costs as much as reading
+    a small table's first rows)."""
     wanted, read, decode = _stored(parquet, path, columns)
     rows = batch_rows or default_batch_rows(parquet.schema_arrow, read)
     try:
@@ -452,15 +463,20 @@ def check_decisions(ids: np.ndarray, column: str, first_row: int, sample: int = 
 
 
 def check_token_table(path: str | Path, top_k: int, num_experts: int | None = None,
-                      rows: int = DECISION_SAMPLE_ROWS) -> None:
+                      rows: int = DECISION_SAMPLE_ROWS, *, decisions: bool = True) -> None:
     """:class:`RunFileError` naming ``path`` when it cannot be opened, its route layout cannot be followed, or the
     route columns of its first ``rows`` rows hold an id outside ``num_experts`` or a decision naming an expert twice
-    (:func:`check_decisions`): what a reader that needs no token table (metrics.jsonl at hand) still says of one."""
+    (:func:`check_decisions`): what a reader that needs no token table (metrics.jsonl at hand) still says of one.
+    ``decisions=False``: the file and its route layout only (no row is read)."""
     parquet = open_token_file(path)
-    columns = [c for c in schema.ROUTE_COLUMNS if c in parquet.schema_arrow.names]
+    names = set(parquet.schema_arrow.names)
+    columns = [c for c in schema.ROUTE_COLUMNS if c in names]
     if not columns:
         return
-    batch = next(iter_token_batches(path, columns, rows), None)
+    if not decisions:
+        _stored(parquet, path, columns)  # raises for a layout this moestab cannot follow
+        return
+    batch = next(_batches_of(parquet, path, columns, rows), None)
     if batch is None:
         return
     try:

@@ -8,14 +8,13 @@ anything is written, which layers the token tables keep, and the settings each s
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from moestab.configs import ConfigError
+from moestab.configs import ConfigError, cache_root
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
 from moestab.models.precision import float64_norms
 from moestab.routing import IncompatibleTransformersError, RoutingError, find_routers
@@ -46,7 +45,7 @@ def choose_device(name: str, world: World) -> torch.device:
 
 def cache_dir(config: TrainConfig) -> Path:
     """Where warm-started policies are cached: ``cache_dir``, else ``$MOESTAB_CACHE``, else ``~/.cache/moestab``."""
-    return Path(config.cache_dir or os.environ.get("MOESTAB_CACHE") or Path.home() / ".cache" / "moestab")
+    return cache_root(config.cache_dir)
 
 
 def base_policy_path(config: TrainConfig, task: Task, log: Callable[[str], None]) -> tuple[str, dict | None]:

@@ -3,7 +3,9 @@ tiny cases (the arithmetic in the comments)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,8 +24,8 @@ from moestab.analysis.compare import (
     field_text,
     group_labels,
     group_members,
+    key_counts,
     label_fields,
-    metric_keys,
     named_values,
     runs_without,
     smooth,
@@ -32,6 +34,7 @@ from moestab.analysis.compare import (
     varying_fields,
 )
 from moestab.metrics import keys
+from moestab.run_folder.reader import load_metrics
 
 CONFIGS = {
     "grpo-s0": {"algo": "grpo", "routing_replay": "off", "lr": 0.0002, "seed": 0, "rollout_dtype": "float32"},
@@ -101,18 +104,25 @@ def frame(steps, **columns) -> pd.DataFrame:
     return pd.DataFrame({"step": steps, **columns})
 
 
-def test_metric_keys_counts_runs_with_a_number_and_skips_lists() -> None:
-    frames = {
-        "a": frame([1, 2], **{"reward/mean": [0.1, 0.2], "eval/accuracy": [None, 0.5],
-                              "routing/old_new/changed_by_layer": [[0.1, 0.2], [0.3, 0.4]], "custom/x": [1, 2]}),
-        "b": frame([1, 2], **{"reward/mean": [0.3, None], "eval/accuracy": [None, None]}),  # all null: not logged
+def test_key_counts_count_runs_with_a_number_and_skip_lists(tmp_path: Path) -> None:
+    lines = {
+        "a": [{"step": 1, "reward/mean": 0.1, "eval/accuracy": None, "routing/old_new/changed_by_layer": [0.1, 0.2],
+               "custom/x": 1}, {"step": 2, "reward/mean": 0.2, "eval/accuracy": 0.5, "custom/x": 2}],
+        "b": [{"step": 1, "reward/mean": 0.3, "eval/accuracy": None}, {"step": 2, "eval/accuracy": None}],  # all null
     }
-    found = metric_keys(frames)
+    frames, names = {}, {}
+    for run, rows in lines.items():
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        names[run] = set()
+        frames[run] = load_metrics(tmp_path / run, keys=["reward/mean"], names=names[run])  # one key held, all named
+        assert set(frames[run].columns) == {"step", "reward/mean"}
     # table keys in metrics.jsonl's order (reward/mean before eval/accuracy), then unknown keys; no list, no step
-    assert found == {"reward/mean": 2, "eval/accuracy": 1, "custom/x": 1}
-    assert runs_without(frames, "eval/accuracy") == ["b"]
-    assert runs_without(frames, "custom/x") == ["b"]  # absent from b's frame
-    assert runs_without(frames, "reward/mean") == []
+    assert key_counts(names) == {"reward/mean": 2, "eval/accuracy": 1, "custom/x": 1}
+    full = {run: load_metrics(tmp_path / run) for run in lines}
+    assert runs_without(full, "eval/accuracy") == ["b"]
+    assert runs_without(full, "custom/x") == ["b"]  # absent from b's frame
+    assert runs_without(full, "reward/mean") == []
 
 
 def test_default_keys_are_declared_metrics() -> None:

@@ -12,6 +12,13 @@ import pytest
 from tests.support.dashboard import APP
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder per test (``$MOESTAB_CACHE``): the dashboard keeps its run index there, never in the user's
+    cache; servers the test starts inherit it."""
+    monkeypatch.setenv("MOESTAB_CACHE", str(tmp_path_factory.mktemp("moestab-cache")))
+
+
 @pytest.fixture(scope="session")
 def trained_runs(tmp_path_factory) -> Path:
     """A runs folder with two finished 6-step runs of the tiny task: replay off and R2 (``old``, with

@@ -120,7 +120,18 @@ def test_fingerprint_changes_with_every_file_read(tmp_path: Path) -> None:
     os.utime(run / schema.RUN_JSON, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert run_fingerprint(run) != third
     write_routes(run, 1, np.zeros((2, 2, 2), np.int16))
-    assert "tokens/step_000001.parquet" in [name for name, _, _ in run_fingerprint(run)]
+    with_table = run_fingerprint(run)
+    assert "tokens/" in [name for name, _, _ in with_table]  # the folder: its time and its tables' names and inodes
+    write_routes(run, 2, np.zeros((2, 2, 2), np.int16))
+    assert run_fingerprint(run) != with_table  # a table added
+    two = run_fingerprint(run)
+    (run / "tokens" / "step_000002.parquet").unlink()
+    assert run_fingerprint(run) != two  # a table removed (a resume drops the tables after its checkpoint)
+    kept = run_fingerprint(run)
+    (run / "elsewhere").mkdir()
+    write_routes(run / "elsewhere", 1, np.ones((2, 2, 2), np.int16))
+    os.replace(run / "elsewhere" / schema.tokens_file(1), run / schema.tokens_file(1))  # renamed over its namesake
+    assert run_fingerprint(run) != kept  # within one tick of the clock too: the name's inode changed
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "x").write_text("not read by the analyzers")
     assert run_fingerprint(run) == run_fingerprint(run)

@@ -477,3 +477,26 @@ def test_an_id_outside_the_model_is_reported_with_metrics_at_hand(tmp_path):
     skipped: list = []
     run_summary(run, skipped)
     assert any("holds expert id 200; the run has 8 experts" in str(s) for s in skipped), skipped
+
+
+def test_the_runs_page_check_reads_the_end_tables_rows_and_opens_every_table(tmp_path):
+    from moestab.analysis.summary import run_summary
+
+    tables = {step: step_tensors(8, seed=step) for step in (1, 2, 3)}
+    tables[2].batch.routes.indices[0, P - 1, 0, 0] = 200  # the middle table's rows are damaged
+    tables[3].batch.routes.indices[0, P - 1, 0, 0] = 201  # and the last one's
+    run = write_run(tmp_path / "run", 4, tables, 8)
+    (run / schema.METRICS_JSONL).write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    every: list = []
+    run_summary(run, every)  # moestab analyze: every table's first rows
+    assert any("step_000002" in str(s) and "expert id 200" in str(s) for s in every), every
+    ends: list = []
+    run_summary(run, ends, check_tables="ends")  # the dashboard's Runs page: the first and last table's rows
+    assert any("step_000003" in str(s) and "expert id 201" in str(s) for s in ends), ends
+    assert not any("step_000002" in str(s) for s in ends), ends
+    (run / schema.tokens_file(2)).write_bytes(b"not parquet")  # a table that cannot be opened is named either way
+    ends = []
+    run_summary(run, ends, check_tables="ends")
+    assert any("step_000002" in str(s) and "not a readable Parquet file" in str(s) for s in ends), ends
+    with pytest.raises(ValueError, match="check_tables must be one of"):
+        run_summary(run, [], check_tables="some")

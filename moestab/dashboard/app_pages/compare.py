@@ -23,8 +23,8 @@ from moestab.analysis.compare import (
     group_labels,
     group_members,
     group_stats,
+    key_counts,
     label_fields,
-    metric_keys,
     named_values,
     paired_difference,
     runs_without,
@@ -40,6 +40,7 @@ from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
 
 MEAN, EACH = "mean ± sd over a group's runs", "each run"
+METRICS_BOX = "compare_metrics"
 GROUP, NO_DASH = "group", "none"
 
 ui.page_header(
@@ -56,16 +57,19 @@ if not runs:
 hidden = ui.left_out(ctx)
 if hidden:
     st.info(
-        f"Comparing {len(runs)} of {len(ctx.runs)} runs found. Not shown: "
-        + "; ".join(f"**{label}** ({why})" for label, why in hidden) + ".",
+        f"Comparing {len(runs)} of {len(ctx.runs)} runs found. Not shown: {ui.left_out_text(hidden)}.",
         icon=":material/visibility_off:",
     )
 
+# Only the keys drawn are held (a metrics.jsonl of 1 GB holds ~100 keys a step): those chosen in the box below at the
+# last rerun, else the first view's. The same pass names every key the box offers.
+drawn = tuple(sorted(set(st.session_state.get(METRICS_BOX) or DEFAULT_KEYS)))
 frames: dict[str, pd.DataFrame] = {}
+names: dict[str, frozenset[str]] = {}
 configs: dict[str, dict] = {}
 starts: dict[str, float] = {}  # eval accuracy of the starting policy, drawn at step 0
 for run in runs:
-    loaded = loaders.metrics(run.path, run.key)
+    loaded, names[run.label] = loaders.metrics_and_names(run.path, run.key, drawn)
     if not ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step"):
         continue  # said why (no step yet, or unreadable)
     info = loaders.info(run.path, run.key).value
@@ -102,10 +106,10 @@ weight = st.slider(
     help="Each run's curve is averaged with weights weight^age (TensorBoard's debiased EMA) before the mean over "
     "its group, so the band is the spread of the smoothed runs.",
 )
-available = metric_keys(frames)
+available = key_counts({label: names[label] for label in frames})
 chosen = st.multiselect(
     "Metrics (type to search)", list(available), default=[key for key in DEFAULT_KEYS if key in available],
-    format_func=lambda key: f"{key} ({available[key]}/{len(frames)} runs)", key="compare_metrics",
+    format_func=lambda key: f"{key} ({available[key]}/{len(frames)} runs)", key=METRICS_BOX,
     help="Every scalar metrics.jsonl key of the selected runs (docs/metrics.md); the count says how many runs "
     "logged it.",
 )

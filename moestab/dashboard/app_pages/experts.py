@@ -17,12 +17,14 @@ runs = ui.selected_runs()
 if not runs:
     st.stop()
 
+METRIC_KEYS = (keys.EXPERTS_LOAD, keys.EXPERTS_LOAD_ENTROPY)
+"""The metrics.jsonl keys this page draws (the others are not held)."""
 infos = {run.label: loaders.info(run.path, run.key).value for run in runs}
 all_steps = sorted(
     {
         int(step)
         for run in runs
-        for frame in [loaders.metrics(run.path, run.key).value]
+        for frame in [loaders.metrics(run.path, run.key, METRIC_KEYS).value]
         if frame is not None
         for step in frame["step"]
     }
@@ -45,7 +47,7 @@ if layer_count > 1:
 st.caption("One expander per run (the first open); notes about a run's files come before them.")
 for index, run in enumerate(runs):
     info = infos[run.label]
-    loaded = loaders.metrics(run.path, run.key)
+    loaded = loaders.metrics(run.path, run.key, METRIC_KEYS)
     frame = loaded.value if ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step") else None
     has_layer = layer_index < len(info.recorded_layers)
     coact = loaders.coactivation(run.path, run.key, int(layer_index)) if has_layer else None

@@ -33,9 +33,25 @@ def _capture(failed_steps: float | None) -> str | None:
     return "ok" if failed_steps == 0 else f"{int(failed_steps)} steps failed"
 
 
+PAGE_ROWS = 1000
+"""Rows of the table drawn at once (a runs folder of 10,000 runs is paged)."""
+LISTED = 10
+"""Failed or damaged runs named one by one below the table (the rest counted)."""
+
+read = loaders.overviews(ctx.keys(), budget_s=ui.READ_BUDGET_S)
+if read.note:
+    st.caption(f"Note: {read.note}.")
+if read.pending:
+    done = len(ctx.runs) - len(read.pending)
+    st.progress(done / len(ctx.runs), text=f"Still reading the runs: {done:,} of {len(ctx.runs):,} read. The table "
+                "fills in as they are read (each run is read once, then kept in the run index of your cache).")
+
 rows, problems = [], []
 for run in ctx.runs:
-    loaded = loaders.overview(run.path, run.key)
+    loaded = read.rows.get(run.path)
+    if loaded is None:
+        rows.append({"run": run.label, "status": "not read yet"})
+        continue
     row = loaded.value
     if row is None:
         rows.append({"run": run.label, "status": "unreadable", "problem": loaded.error})
@@ -77,13 +93,25 @@ COLUMNS = [
 table = pd.DataFrame(rows).reindex(columns=COLUMNS)
 spans = table["means_over"].dropna().unique()
 if len(spans) > 1:
+    differing = [f"{run} {span}" for run, span in zip(table["run"], table["means_over"], strict=True) if span]
     st.warning(
-        "The runs' means cover different steps (column *means over*: "
-        + ", ".join(f"{run} {span}" for run, span in zip(table["run"], table["means_over"], strict=True) if span)
+        "The runs' means cover different steps (column *means over*: " + ui.some_of(differing, shown=8)
         + "), so they are not comparable as they stand. The Compare page averages every run over the same steps "
         "(`moestab analyze --steps FIRST:LAST` too).",
         icon=":material/warning:",
     )
+if len(table) > PAGE_ROWS:
+    name_cell, page_cell = st.columns([3, 1])
+    with name_cell:
+        part = st.text_input("Show runs whose name contains", key="runs_filter",
+                             help="Part of a run folder's path (case-insensitive)")
+    if part:
+        table = table[table["run"].str.contains(part, case=False, regex=False)]
+    pages = max(1, -(-len(table) // PAGE_ROWS))
+    with page_cell:
+        page = st.number_input(f"Page (of {pages})", 1, pages, 1, key="runs_page")
+    st.caption(f"{len(table):,} runs, {PAGE_ROWS:,} a page; the table sorts within its page.")
+    table = table.iloc[(page - 1) * PAGE_ROWS: page * PAGE_ROWS]
 # Numbers stay numbers (the table sorts by them); what a cell shows is format_value's text: percent for shares, a
 # value at float precision (k3 ~ 1e-13 under R3) as 0, a missing one blank.
 PERCENT = {column: is_percent(key) for column in COLUMNS if (key := column_key(column)) is not None}
@@ -139,15 +167,23 @@ st.dataframe(
     },
 )
 
-for run, loaded in problems:
+for run, loaded in problems[:LISTED]:
     ui.report(run, loaded, "run")
+if len(problems) > LISTED:
+    st.warning(f"{len(problems) - LISTED} more runs have unreadable parts: their *problem* cell says which.",
+               icon=":material/warning:")
 
-for run in ctx.runs:
-    row = loaders.overview(run.path, run.key).value
-    if row is not None and row["status"] == "failed":
-        st.warning(f"**{run.label}** failed: {row['error'] or 'no message recorded'}", icon=":material/cancel:")
-    if row is not None and row["damage"]:
-        st.error(f"**{run.label}** is damaged: {row['damage']}", icon=":material/report:")
+read_rows = [(run, read.rows[run.path].value) for run in ctx.runs
+             if run.path in read.rows and read.rows[run.path].value is not None]
+failed = [(run, row) for run, row in read_rows if row["status"] == "failed"]
+damaged = [(run, row) for run, row in read_rows if row["damage"]]
+for run, row in failed[:LISTED]:
+    st.warning(f"**{run.label}** failed: {row['error'] or 'no message recorded'}", icon=":material/cancel:")
+for run, row in damaged[:LISTED]:
+    st.error(f"**{run.label}** is damaged: {row['damage']}", icon=":material/report:")
+more = max(0, len(failed) - LISTED) + max(0, len(damaged) - LISTED)
+if more:
+    st.caption(f"{more} more failed or damaged runs: their *status* and *problem* cells say why.")
 
 
 def _keep_selection() -> None:
@@ -164,3 +200,7 @@ st.multiselect(
     on_change=_keep_selection,
     help="Used by every other page. Unreadable runs can be chosen too: their pages say what is wrong.",
 )
+
+if read.pending or (read.computed and ctx.many):
+    st.rerun()  # read the next runs (the table drawn above stays until the next one replaces it); once all are read,
+    # once more so that the sidebar, drawn before this page read its last runs, counts them too

@@ -43,7 +43,7 @@ if not runs:
 frames: dict[str, pd.DataFrame] = {}
 start_accuracy: dict[str, float] = {}  # eval accuracy of the starting policy, drawn at step 0
 for run in runs:
-    loaded = loaders.metrics(run.path, run.key)
+    loaded = loaders.metrics(run.path, run.key, tuple(key for key, _, _ in CURVES))  # what is drawn, not the file
     if not ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step"):
         continue
     frames[run.label] = loaded.value
@@ -64,7 +64,7 @@ if frames and curves:
                              percent=is_percent(key))
         with cell:
             charts.show(chart, data, f"{title} against step", value="value")
-    with st.expander("Raw metrics"):
+    with st.expander("Raw metrics (the keys drawn above; the Compare page draws any key)"):
         for label, frame in frames.items():
             st.markdown(f"**{label}**")
             st.dataframe(frame.select_dtypes("number"), hide_index=True)

@@ -78,12 +78,15 @@ metric = st.selectbox(
 pattern = keys.ROUTE_CHANGE_KEYS.get(metric)
 metric_in_percent = pattern is not None and is_percent(pattern.format(pair="old_new"))
 
+METRIC_KEYS = tuple(pattern.format(pair=pair) for pair in PAIR_TITLES for pattern in keys.ROUTE_CHANGE_KEYS.values())
+"""The metrics.jsonl keys this page draws (the others are not held)."""
+
 # Per-token tables of each run and pair (None where the run has none yet).
 tables: dict[tuple[str, str], dict] = {}
 metrics_frames: dict[str, pd.DataFrame] = {}
 reading = charts.placeholder("the routing charts: reading the runs' per-token tables")
 for run in runs:
-    loaded = loaders.metrics(run.path, run.key)
+    loaded = loaders.metrics(run.path, run.key, METRIC_KEYS)
     if loaded.error is None and loaded.value is not None and len(loaded.value):
         metrics_frames[run.label] = loaded.value
     for pair in PAIR_TITLES:

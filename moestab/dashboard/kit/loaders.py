@@ -22,6 +22,8 @@ from moestab.analysis.attribution import run_attribution
 from moestab.analysis.dashboard_data import run_coactivation, run_overview
 from moestab.analysis.experts import load_stats, run_expert_counts
 from moestab.analysis.ratios import clip_fractions, ratio_quantiles, sequence_log_s, variance_by_length
+from moestab.analysis.run_index import INDEX_FILE, Entry, RunIndex, read_within
+from moestab.configs import cache_root
 from moestab.probes.errors import ProbeError
 from moestab.probes.folder import ProbeResult, read_probe_folder
 from moestab.run_folder import RunFolder, schema
@@ -61,8 +63,13 @@ def guarded(fn: Callable[[list[Skipped]], T]) -> Loaded[T]:
 
 
 def clear() -> None:
-    """Forget every cached result (the Refresh button)."""
+    """Forget every cached result and the run index's rows (the Refresh button)."""
     st.cache_data.clear()
+    run_index(_index_file()).clear()
+
+
+def _index_file() -> str:
+    return str(cache_root() / INDEX_FILE)
 
 
 _CACHE = {"show_spinner": False, "max_entries": 512}
@@ -74,22 +81,65 @@ def info(run: str, key: Key) -> Loaded:
     return guarded(lambda skipped: read_run_info(run))
 
 
-@st.cache_data(**_CACHE)
-def overview(run: str, key: Key) -> Loaded[dict]:
-    """The Runs table row (:func:`moestab.analysis.dashboard_data.run_overview`)."""
-    return guarded(lambda skipped: run_overview(run, skipped))
+@st.cache_resource(show_spinner=False)
+def run_index(file: str) -> RunIndex:
+    """The run index kept in ``file`` (:class:`moestab.analysis.run_index.RunIndex`), one per process and file."""
+    return RunIndex(file)
 
 
-@st.cache_data(**_CACHE)
-def metrics(run: str, key: Key) -> Loaded:
-    """metrics.jsonl as one row per step (:func:`moestab.run_folder.reader.load_metrics`); no value (and no
-    error) while the file does not exist or has no complete step yet."""
+def _overview_entry(run: str) -> Entry:
+    loaded = guarded(lambda skipped: run_overview(run, skipped))
+    return Entry(loaded.value, loaded.skipped, loaded.error, loaded.trace)
+
+
+@dataclass(frozen=True)
+class Overviews:
+    """The Runs table rows read so far (:func:`overviews`)."""
+
+    rows: dict[str, Loaded[dict]]
+    """Run path -> its row (:func:`moestab.analysis.dashboard_data.run_overview`), for every run read."""
+    pending: tuple[str, ...]
+    """Runs not read yet."""
+    computed: int
+    """Runs read in this call (the others came from the index)."""
+    note: str | None
+    """Why the index is not kept on disk (:attr:`RunIndex.note`), or ``None``."""
+
+
+def overviews(runs: dict[str, Key], budget_s: float | None) -> Overviews:
+    """The Runs table rows of ``runs`` (path -> fingerprint): from the run index, the others computed (and kept
+    there) for ``budget_s`` seconds (``None``: all; 0: none, only what the index holds)."""
+    index = run_index(_index_file())
+    read = read_within(index, runs, _overview_entry, budget_s)
+    rows = {path: Loaded(e.value, e.skipped, e.error, e.trace) for path, e in read.entries.items()}
+    return Overviews(rows, read.pending, read.computed, index.note)
+
+
+def _metrics(run: str, keys: tuple[str, ...] | None) -> tuple[Loaded, frozenset[str]]:
+    """metrics.jsonl's rows (``keys`` only) and the names of its keys that hold numbers; no value (and no error) while
+    the file does not exist or has no complete step yet."""
     if not RunFolder(run).metrics_file.is_file():
-        return Loaded(None)
-    loaded = guarded(lambda skipped: load_metrics(run, skipped))
+        return Loaded(None), frozenset()
+    names: set[str] = set()
+    loaded = guarded(lambda skipped: load_metrics(run, skipped, keys=keys, names=names))
     if loaded.value is not None and len(loaded.value) == 0:
-        return Loaded(None, loaded.skipped)
-    return loaded
+        return Loaded(None, loaded.skipped), frozenset(names)
+    return loaded, frozenset(names)
+
+
+@st.cache_data(**_CACHE)
+def metrics(run: str, key: Key, keys: tuple[str, ...] | None = None) -> Loaded:
+    """metrics.jsonl as one row per step (:func:`moestab.run_folder.reader.load_metrics`), the columns of ``keys`` (and
+    ``step``) only, so that memory follows what a page draws, not the file (``None``: every key); no value (and no
+    error) while the file does not exist or has no complete step yet."""
+    return _metrics(run, keys)[0]
+
+
+@st.cache_data(**_CACHE)
+def metrics_and_names(run: str, key: Key, keys: tuple[str, ...]) -> tuple[Loaded, frozenset[str]]:
+    """:func:`metrics` and, from the same pass over the file, the names of every key holding a number at some step
+    (what a page offers to draw)."""
+    return _metrics(run, keys)
 
 
 RATIO_COLUMNS = (schema.COL_STEP, schema.COL_SEQ, schema.COL_MINIBATCH, schema.COL_LOG_W, schema.COL_CLIPPED,

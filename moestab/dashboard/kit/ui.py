@@ -15,7 +15,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from moestab.analysis.dashboard_data import find_runs, run_fingerprint, runs_too_deep
+from moestab.analysis.dashboard_data import find_runs, run_fingerprint
 
 from . import loaders
 
@@ -44,6 +44,14 @@ _SHOWN = "moestab_shown"  # (run, message) pairs already shown on this page
 PAGE_RUNS = "app_pages/runs.py"
 SEARCH_DEPTH = 3
 """Levels below the runs folder searched for run folders (:func:`moestab.analysis.dashboard_data.find_runs`)."""
+DEEPER = 3
+"""Levels below :data:`SEARCH_DEPTH` looked at for run folders to name as too deep (not walked to the bottom)."""
+READ_BUDGET_S = 2.0
+"""Seconds the Runs page reads runs (into the run index) per script run before drawing what it has; it reruns until
+every run is read."""
+AUTO_SELECT_MAX = 24
+"""Runs a folder may hold for every readable run to be selected when found. Above, none is selected for the user (the
+pages would read thousands of runs) and the Runs page is where they choose."""
 
 
 def runs_dir_and_source(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, str]:
@@ -98,18 +106,30 @@ class RunsContext:
     def by_path(self) -> dict[str, RunRef]:
         return {run.path: run for run in self.runs}
 
+    def keys(self) -> dict[str, loaders.Key]:
+        """Run path -> fingerprint, in the listed order."""
+        return {run.path: run.key for run in self.runs}
+
+    @property
+    def many(self) -> bool:
+        """More runs than :data:`AUTO_SELECT_MAX`: nothing is selected or read for the user until they ask."""
+        return len(self.runs) > AUTO_SELECT_MAX
+
 
 def _discover(root: Path) -> RunsContext:
     try:
-        folders = find_runs(root, SEARCH_DEPTH)
-        deeper = runs_too_deep(root, SEARCH_DEPTH)
+        # One walk for both: the runs at most SEARCH_DEPTH levels down are what find_runs(root, SEARCH_DEPTH) lists.
+        found = find_runs(root, SEARCH_DEPTH + DEEPER)
     except (FileNotFoundError, NotADirectoryError) as exc:
         return RunsContext(root, (), str(exc))
-    refs = []
-    for folder in folders:
+    refs, deeper = [], []
+    for folder in found:
         label = "." if folder == root else folder.relative_to(root).as_posix()
-        refs.append(RunRef(str(folder), label, run_fingerprint(folder)))
-    return RunsContext(root, tuple(refs), None, tuple(folder.relative_to(root).as_posix() for folder in deeper))
+        if label.count("/") >= SEARCH_DEPTH:
+            deeper.append(label)
+        else:
+            refs.append(RunRef(str(folder), label, run_fingerprint(folder)))
+    return RunsContext(root, tuple(refs), None, tuple(deeper))
 
 
 def context() -> RunsContext:
@@ -134,18 +154,20 @@ def _readable(ctx: RunsContext) -> list[str]:
 def _sync_selection(ctx: RunsContext) -> None:
     """The rule: every run whose run.json is readable is selected when it is first found (at start, or when it
     appears or becomes readable later); a run deselected on the Runs page stays out; runs that are gone leave the
-    selection. A new runs folder starts afresh."""
-    readable = _readable(ctx)
+    selection. A new runs folder starts afresh. In a folder of more than :data:`AUTO_SELECT_MAX` runs nothing is
+    selected for the user: the runs found are offered, not chosen."""
+    readable = [] if ctx.many else _readable(ctx)
+    offer = [run.path for run in ctx.runs] if ctx.many else readable
     if st.session_state.get(_SELECTED_ROOT) != str(ctx.root) or SELECTED not in st.session_state:
         st.session_state[_SELECTED_ROOT] = str(ctx.root)
         st.session_state[SELECTED] = readable
-        st.session_state[_OFFERED] = set(readable)
+        st.session_state[_OFFERED] = set(offer)
         return
     existing = ctx.by_path()
     offered = st.session_state.setdefault(_OFFERED, set())
     kept = [path for path in st.session_state[SELECTED] if path in existing]
     st.session_state[SELECTED] = kept + [path for path in readable if path not in offered and path not in kept]
-    offered.update(readable)
+    offered.update(offer)
 
 
 def sidebar() -> RunsContext:
@@ -174,7 +196,10 @@ def sidebar() -> RunsContext:
         ctx = _discover(Path(folder or default_dir).expanduser())
         st.session_state[_CONTEXT] = ctx
         _sync_selection(ctx)
-        running = [run for run in ctx.runs if _status(run) == "running"]
+        # A large folder's statuses come from the run index (what the Runs page has read), not from 10,000 run.json.
+        known = loaders.overviews(ctx.keys(), budget_s=0.0).rows if ctx.many else None
+        running = [run for run in ctx.runs if (known is None or _indexed_status(known.get(run.path)) == "running")
+                   and _status(run) == "running"]
         auto = st.toggle(
             "Auto-refresh",
             key="moestab_auto_refresh",
@@ -184,40 +209,66 @@ def sidebar() -> RunsContext:
             every = st.select_slider("Every (seconds)", options=[2, 5, 10, 30, 60], value=10, key="moestab_every")
             st.fragment(_watch, run_every=every, key="moestab_watch_fragment")(str(ctx.root))
         count = len(st.session_state[SELECTED])
-        st.caption(f"{len(ctx.runs)} run(s) in `{ctx.root}` ({len(running)} running); {count} selected for comparison.")
+        unread = "" if known is None or len(known) == len(ctx.runs) else f", {len(ctx.runs) - len(known)} not read yet"
+        st.caption(f"{len(ctx.runs)} run(s) in `{ctx.root}` ({len(running)} running{unread}); {count} selected for "
+                   "comparison.")
+        if ctx.many and not count:
+            st.caption(f"More than {AUTO_SELECT_MAX} runs: none is selected for you. Choose the runs to compare on the "
+                       "Runs page.")
         if ctx.too_deep:
             st.info(
                 f"{len(ctx.too_deep)} run folder(s) lie more than {SEARCH_DEPTH} levels below the runs folder and are "
-                f"not listed: {_some(ctx.too_deep)}. Open a folder nearer to them (e.g. "
+                f"not listed: {some_of(ctx.too_deep)}. Open a folder nearer to them (e.g. "
                 f"`{Path(ctx.root, ctx.too_deep[0]).parent.parent}`).",
                 icon=":material/subdirectory_arrow_right:",
             )
     return ctx
 
 
-def _some(labels: Sequence[str], shown: int = 5) -> str:
+def some_of(labels: Sequence[str], shown: int = 5) -> str:
     """The first ``shown`` labels in backticks, and how many more."""
     text = ", ".join(f"`{label}`" for label in labels[:shown])
     return text + (f" and {len(labels) - shown} more" if len(labels) > shown else "")
 
 
+NOT_SELECTED = "not selected on the Runs page"
+NAMED = 5
+"""Runs named one by one in a message; more are counted."""
+
+
 def left_out(ctx: RunsContext) -> list[tuple[str, str]]:
     """(run label, why) of every run found that the other pages do not show: not selected on the Runs page, or
-    selected with a run.json that cannot be read. A run never leaves the views without this saying so."""
+    with a run.json that cannot be read (in a folder of many runs, only the selected runs' run.json are read here).
+    A run never leaves the views without this saying so."""
     chosen = set(st.session_state.get(SELECTED, []))
     out = []
     for run in ctx.runs:
-        error = loaders.info(run.path, run.key).error
+        error = loaders.info(run.path, run.key).error if run.path in chosen or not ctx.many else None
         if error is not None:
             out.append((run.label, f"run.json cannot be read ({error})"))
         elif run.path not in chosen:
-            out.append((run.label, "not selected on the Runs page"))
+            out.append((run.label, NOT_SELECTED))
     return out
+
+
+def left_out_text(hidden: Sequence[tuple[str, str]]) -> str:
+    """:func:`left_out`'s runs in a sentence, each with its reason; more than :data:`NAMED` runs not selected are
+    counted, the first of them named."""
+    unselected = [label for label, why in hidden if why == NOT_SELECTED]
+    if len(unselected) <= NAMED:
+        return "; ".join(f"**{label}** ({why})" for label, why in hidden)
+    parts = [f"**{label}** ({why})" for label, why in hidden if why != NOT_SELECTED]
+    return "; ".join([*parts, f"{len(unselected):,} runs {NOT_SELECTED} ({some_of(unselected, NAMED)})"])
 
 
 def _status(run: RunRef) -> str | None:
     loaded = loaders.info(run.path, run.key)
     return None if loaded.value is None else loaded.value.live_status()  # a dead writer's run is "stopped"
+
+
+def _indexed_status(row: loaders.Loaded | None) -> str | None:
+    """The status a run had when the run index read it (``None``: not read, or unreadable)."""
+    return None if row is None or row.value is None else row.value.get("status")
 
 
 def _watch(root: str) -> None:
