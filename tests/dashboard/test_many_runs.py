@@ -32,6 +32,7 @@ def test_the_runs_page_reads_a_large_folder_a_budget_at_a_time(
     make_app, many_runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ui, "READ_BUDGET_S", 1e-9)  # one run per script run: the page reruns MANY times
+    monkeypatch.setattr(ui, "READ_MORE_S", 1e-9)
     at = open_page(make_app(many_runs), RUNS_PAGE)
     assert_clean(at)
     table = at.dataframe[0].value

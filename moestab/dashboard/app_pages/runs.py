@@ -38,7 +38,11 @@ PAGE_ROWS = 1000
 LISTED = 10
 """Failed or damaged runs named one by one below the table (the rest counted)."""
 
-read = loaders.overviews(ctx.keys(), budget_s=ui.READ_BUDGET_S)
+READING = "runs_reading"  # session state: the folder this session's Runs page is still reading
+
+budget = ui.READ_MORE_S if st.session_state.get(READING) == str(ctx.root) else ui.READ_BUDGET_S
+read = loaders.overviews(ctx.keys(), budget_s=budget)
+st.session_state[READING] = str(ctx.root) if read.pending else None
 if read.note:
     st.caption(f"Note: {read.note}.")
 if read.pending:

@@ -47,8 +47,11 @@ SEARCH_DEPTH = 3
 DEEPER = 3
 """Levels below :data:`SEARCH_DEPTH` looked at for run folders to name as too deep (not walked to the bottom)."""
 READ_BUDGET_S = 2.0
-"""Seconds the Runs page reads runs (into the run index) per script run before drawing what it has; it reruns until
-every run is read."""
+"""Seconds the Runs page reads runs (into the run index) before it first draws what it has; it reruns until every run
+is read, :data:`READ_MORE_S` at a time."""
+READ_MORE_S = 10.0
+"""Seconds of reading per rerun after the first answer: each rerun also lists the runs folder and redraws the table
+(~2-3 s for 10,000 runs), so longer turns read more of the time."""
 AUTO_SELECT_MAX = 24
 """Runs a folder may hold for every readable run to be selected when found. Above, none is selected for the user (the
 pages would read thousands of runs) and the Runs page is where they choose."""
