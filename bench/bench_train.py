@@ -89,7 +89,8 @@ from moestab.tasks import Example, Task, task_from_spec
 from moestab.train.forward import chunked_policy_forward, policy_forward
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, run_step, step_examples, step_seed
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings, step_examples, step_seed
 
 REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
 SHARE = "off, routing share"

@@ -48,6 +48,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from moestab.recording.step_fields import STEP_FIELDS, StepField
 from moestab.routing import Routes
 from moestab.run_folder import schema
 
@@ -112,8 +113,9 @@ class Measurement:
 
     fills: ClassVar[tuple[str, ...]] = ()
     """The ``StepTensors`` fields it fills (attributes of the same names)."""
-    columns: ClassVar[frozenset[str]] = frozenset()
-    """The token-table columns it fills: sampled when the step has a measurement budget."""
+    declares: ClassVar[tuple[StepField, ...]] = ()
+    """The fields it fills that :data:`moestab.recording.step_fields.STEP_FIELDS` does not declare: its own, with
+    their token-table columns (``StepTensors.extra`` carries them, the token table writes them)."""
     keys: ClassVar[tuple[str, ...]] = ()
     """The metrics.jsonl keys it reports (rows of :mod:`moestab.metrics.keys`, ``computed=False``)."""
 
@@ -138,6 +140,16 @@ class Measurement:
     def after_step(self, fwd: StepForwards, measured: torch.Tensor | None) -> None:
         """On pi_new's weights, after the last update."""
 
+    @classmethod
+    def columns(cls) -> frozenset[str]:
+        """The token-table columns it fills (its fields' declared columns): sampled when the step has a measurement
+        budget."""
+        declared = {f.name: f for f in (*STEP_FIELDS, *cls.declares)}
+        missing = [name for name in cls.fills if name not in declared]
+        if missing:
+            raise ValueError(f"{cls.__name__} fills {missing}, which no step field declares (STEP_FIELDS, declares)")
+        return frozenset(column for name in cls.fills if (column := declared[name].column) is not None)
+
     def filled(self) -> dict[str, Any]:
         """The ``StepTensors`` fields it filled."""
         return {name: getattr(self, name) for name in self.fills}
@@ -157,7 +169,6 @@ class FreeOldPolicy(Measurement):
     """pi_old's free routes and log-probs when the ratio's pi_old replays routes: how the trainer would have routed."""
 
     fills = ("logp_old_free", "routes_old_free", "entropy")
-    columns = frozenset({schema.COL_ROUTES_OLD_FREE, schema.COL_LOGP_OLD_FREE})
 
     @staticmethod
     def applies(setup: MeasureSetup) -> bool:
@@ -204,7 +215,6 @@ class NewPolicy(Measurement):
     """pi_new's free routes and log-probs, after the step's last update: the other side of old->new."""
 
     fills = ("logp_new", "routes_new")
-    columns = frozenset({schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW})
 
     @staticmethod
     def applies(setup: MeasureSetup) -> bool:
@@ -241,7 +251,7 @@ def rng_devices(model: torch.nn.Module) -> list[int]:
 
 def sampled_columns(measures: list[Measurement], measured: torch.Tensor | None) -> frozenset[str]:
     """The token-table columns the measurement budget sampled (none without a budget)."""
-    return frozenset() if measured is None else frozenset().union(*(m.columns for m in measures))
+    return frozenset() if measured is None else frozenset().union(*(m.columns() for m in measures))
 
 
 def measured_metrics(measures: list[Measurement]) -> dict[str, float]:

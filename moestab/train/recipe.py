@@ -24,7 +24,7 @@ from moestab.tasks import Task
 from moestab.train.config import TrainConfig
 from moestab.train.distributed import World
 from moestab.train.run_lifetime import TrainingError
-from moestab.train.step import StepSettings
+from moestab.train.step_settings import StepSettings
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
