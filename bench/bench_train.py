@@ -179,7 +179,8 @@ class MoestabRunner:
         preset = rl.get_preset(s.algo)
         self.settings = StepSettings(
             preset=preset, replay=self.replay, minibatches=s.minibatches, group_size=s.group, temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm, routing_share=self.routing_share,
+            max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm,
+            measure_switches=frozenset({"routing_share"}) if self.routing_share else frozenset(),
         )
 
     def _count_optimizer_step(self, *_: object) -> None:

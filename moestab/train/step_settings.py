@@ -36,9 +36,9 @@ class StepSettings:
     """Budget of extra rollouts (each of as many prompts as the step) for dynamic sampling."""
     replay_score_ratio: float = 0.0
     """Score-threshold replay in the updates (``RoutingReplay(score_ratio=...)``); 0: plain replay."""
-    routing_share: bool = False
-    """Score each minibatch once more on its update's weights with the other routing (``measurements.RoutingShare``)
-    for routing's share of the ratio (``routing_share/*``)."""
+    measure_switches: frozenset[str] = frozenset()
+    """The measurement switches the run's config turns on (``measurements.switched_on``: ``routing_share`` scores each
+    minibatch once more with the other routing, for routing's share of the ratio)."""
     route_integrity: str = "warn"
     """``refuse``: judge the rollout's routes before the updates (``recording.capture_check``) and stop on a broken
     capture; ``warn``: the step's ``routes/integrity/*`` keys only."""
@@ -72,7 +72,7 @@ def needs_router_logprobs(preset: rl.AlgorithmPreset) -> bool:
 
 def measure_setup(s: StepSettings) -> MeasureSetup:
     """What decides which measurements a step of settings ``s`` runs."""
-    return MeasureSetup(replay=s.replay, routing_share=s.routing_share,
+    return MeasureSetup(replay=s.replay, switched_on=s.measure_switches,
                         router_logprobs=needs_router_logprobs(s.preset))
 
 
