@@ -89,7 +89,8 @@ from moestab.tasks import Example, Task, task_from_spec
 from moestab.train.forward import chunked_policy_forward, policy_forward
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, run_step, step_examples, step_seed
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings, step_examples, step_seed
 
 REPLAY_MODES = ("off", "old", "rollout", "rollout-gates")
 SHARE = "off, routing share"
@@ -178,7 +179,8 @@ class MoestabRunner:
         preset = rl.get_preset(s.algo)
         self.settings = StepSettings(
             preset=preset, replay=self.replay, minibatches=s.minibatches, group_size=s.group, temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm, routing_share=self.routing_share,
+            max_new_tokens=s.max_new_tokens, max_grad_norm=s.max_grad_norm,
+            measure_switches=frozenset({"routing_share"}) if self.routing_share else frozenset(),
         )
 
     def _count_optimizer_step(self, *_: object) -> None:

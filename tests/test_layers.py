@@ -146,3 +146,59 @@ def test_the_picture_in_the_docs_matches_the_table():
                 drawn[word.removesuffix("/")] = int(words[0])
     packages = {name: layer for name, layer in LAYERS.items() if (PACKAGE / name).is_dir()}
     assert drawn == packages
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The moestab modules ``path`` imports by name (``from moestab.a.b import c``: ``moestab.a.b``, and
+    ``moestab.a.b.c`` when that is a module), at any place in the file (``TYPE_CHECKING`` blocks and functions too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("moestab"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("moestab"))
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (module -> modules it imports), each once, from its smallest module."""
+    found: set[tuple[str, ...]] = set()
+
+    def walk(path: list[str]) -> None:
+        for nxt in sorted(graph.get(path[-1], ())):
+            if nxt == path[0]:
+                at = path.index(min(path))
+                found.add(tuple(path[at:] + path[:at]))
+            elif nxt not in path and nxt > path[0]:
+                walk([*path, nxt])
+
+    for start in sorted(graph):
+        walk([start])
+    return [list(c) for c in sorted(found)]
+
+
+def test_no_module_imports_itself_round_a_circle():
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph = {name: {m for m in _module_imports(path) if m in modules and m != name} for name, path in modules.items()}
+    package_inits = {name for name, path in modules.items() if path.name == "__init__.py"}
+    # A package's __init__ re-exporting its modules is not a circle of the code's own dependencies.
+    graph = {name: deps - package_inits for name, deps in graph.items() if name not in package_inits}
+    assert _cycles(graph) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def test_a_package_docstring_listing_its_modules_names_them_all():
+    """A package whose docstring lists its modules (``Modules:``) names every one of them."""
+    out = {}
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if "Modules:" not in doc:
+            continue
+        listed = doc.split("Modules:", 1)[1]
+        missing = [p.stem for p in sorted(init.parent.glob("*.py"))
+                   if p.stem != "__init__" and f"``{p.stem}``" not in listed]
+        if missing:
+            out[init.parent.name] = missing
+    assert out == {}

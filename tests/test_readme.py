@@ -280,3 +280,10 @@ def test_the_python_api_page_runs_and_analyze_reads_its_run(tmp_path, monkeypatc
     assert main(["analyze", str(run), "--plots", str(tmp_path / "figs")]) == 0
     assert run.name in capsys.readouterr().out
     assert list((tmp_path / "figs").rglob("*.png"))
+
+
+def test_the_layout_names_every_package_of_moestab():
+    """README's Layout names each package of moestab/ (a new one, or one moved, shows here)."""
+    layout = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    packages = sorted(p.name for p in (ROOT / "moestab").iterdir() if (p / "__init__.py").is_file())
+    assert [name for name in packages if f"`{name}/`" not in layout] == []

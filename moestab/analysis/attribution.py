@@ -50,12 +50,6 @@ def router_flips(routes_a: np.ndarray, routes_b: np.ndarray) -> tuple[np.ndarray
     return recorded & (inter < np.shape(routes_a)[2]), recorded
 
 
-def token_flips(routes_a: np.ndarray, routes_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per token: ``flipped`` (a flip in any recorded layer) and ``recorded`` (>= 1 recorded layer), ``[tokens]``."""
-    flipped, recorded = router_flips(routes_a, routes_b)
-    return flipped.any(axis=1), recorded.any(axis=1)
-
-
 def flip_groups(log_w: np.ndarray, clipped: np.ndarray, flipped: np.ndarray) -> pd.DataFrame:
     """``|log w|`` and clipping of flipped vs unflipped tokens (all ``[tokens]`` arrays).
 

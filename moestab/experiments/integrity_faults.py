@@ -244,7 +244,7 @@ def capture_of(model: str, seed: int, *, prompts: int = 16, group: int = 4, othe
     from moestab.train.engine import engine_factory
     from moestab.train.forward import policy_forward
     from moestab.train.recipe import base_policy_path, load_policy
-    from moestab.train.step import step_examples
+    from moestab.train.step_settings import step_examples
 
     def base(s: int):
         config = build_config(TrainConfig, {"model": model, "seed": s, "cache_dir": cache_dir, "threads": 1,

@@ -22,8 +22,9 @@ This module is data (it imports no torch): every layer can import it.
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from moestab.metrics.ratios import RATIO_QUANTILES
 from moestab.metrics.routing_share import ROUTING_SHARE_STATS
@@ -165,8 +166,6 @@ class MetricKey:
     """The key, or a pattern with one field (``routing/{pair}/changed``) filled from :attr:`over`."""
     kind: str
     """Type and shape of the value (:data:`FLOAT`, :data:`PER_LAYER`, ...); NaN is written as ``null``."""
-    function: str
-    """Dotted path of the function that computes the value."""
     definition: str
     """One line: what the number is."""
     section: str
@@ -176,8 +175,9 @@ class MetricKey:
     over: tuple[str, ...] = ()
     """The values of the pattern's field."""
     computed: bool = True
-    """True: the recording layer computes it from the step's tensors and update reports (:attr:`function` is called
-    for every step); False: the trainer measures it and hands it over."""
+    """True: the recording layer computes it from the step's tensors and update reports (its function, marked
+    :func:`computes`, is called for every step); False: the trainer measures it and hands it over (the function that
+    does is marked :func:`computes` too)."""
 
     @property
     def field(self) -> str | None:
@@ -198,248 +198,267 @@ class MetricKey:
 TABLE: list[MetricKey] = []
 """Every row, in metrics.jsonl's order."""
 
+F = TypeVar("F", bound=Callable)
 
-def _row(pattern: str, kind: str, function: str, definition: str, section: str = "progress", *,
+
+def computes(*patterns: str) -> Callable[[F], F]:
+    """Mark the function that computes the rows ``patterns`` (the recording layer's step metrics) or measures them
+    (a trainer's): the key points at its code through the code's own import of the key, which a reader and a static
+    tool can follow; ``owner_of`` reads the mark back."""
+
+    def mark(function: F) -> F:
+        function.metric_keys = patterns  # type: ignore[attr-defined]
+        return function
+
+    return mark
+
+
+def owned_keys(function: Callable) -> tuple[str, ...]:
+    """The row patterns ``function`` is marked to compute (:func:`computes`; none when unmarked)."""
+    return getattr(function, "metric_keys", ())
+
+
+def owner_name(function: Callable) -> str:
+    """``module.qualname`` of a function (what docs/metrics.md names)."""
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def _row(pattern: str, kind: str, definition: str, section: str = "progress", *,
          when: tuple[str, ...] = (), over: tuple[str, ...] = (), computed: bool = True) -> str:
     """Declare a row; returns its pattern (the key of a plain row), for the module's constants."""
-    row = MetricKey(pattern, kind, function, definition, section, when, over, computed)
+    row = MetricKey(pattern, kind, definition, section, when, over, computed)
     if (row.field is None) != (not over):
         raise ValueError(f"{pattern}: a pattern needs the values of its field, and only a pattern takes them")
     TABLE.append(row)
     return pattern
 
 
-_METRICS = "moestab.recording.step_metrics"
-_STEP = "moestab.train.step"
-_DIAG = "moestab.recording.diagnostics.route_diagnostics"
 
 # ---- the table, in metrics.jsonl's order --------------------------------------------------------------------------
-STEP = _row("step", INT, "moestab.recording.step_records.write_step_metrics", "1-based step", computed=False)
-TIME_STEP = _row("time/step_s", FLOAT, f"{_STEP}.run_step", "wall time of the step (s), metrics excluded "
+STEP = _row("step", INT, "1-based step", computed=False)
+TIME_STEP = _row("time/step_s", FLOAT, "wall time of the step (s), metrics excluded "
                  "(TRL: of the generation batch and its optimizer steps)", computed=False)
-TIME_ROLLOUT = _row("time/rollout_s", FLOAT, f"{_STEP}.run_step", "wall time of the rollout and its scoring (s)",
+TIME_ROLLOUT = _row("time/rollout_s", FLOAT, "wall time of the rollout and its scoring (s)",
                     when=(PHASE_TIMES,), computed=False)
-TIME_UPDATE = _row("time/update_s", FLOAT, f"{_STEP}.run_step", "wall time of the minibatch updates (s)",
+TIME_UPDATE = _row("time/update_s", FLOAT, "wall time of the minibatch updates (s)",
                    when=(PHASE_TIMES,), computed=False)
-REWARD_MEAN = _row("reward/mean", FLOAT, f"{_METRICS}.reward_metrics", "mean sequence reward over the rollout batch "
+REWARD_MEAN = _row("reward/mean", FLOAT, "mean sequence reward over the rollout batch "
                    "(after any shaping: what the advantages use)", when=(REWARDS,))
-REWARD_STD = _row("reward/std", FLOAT, f"{_METRICS}.reward_metrics", "standard deviation (n - 1) of the sequence "
+REWARD_STD = _row("reward/std", FLOAT, "standard deviation (n - 1) of the sequence "
                   "reward over the rollout batch; 0 for one sequence", when=(REWARDS,))
-ACCURACY = _row("accuracy", FLOAT, f"{_METRICS}.reward_metrics", "share of rollout responses the task scores "
+ACCURACY = _row("accuracy", FLOAT, "share of rollout responses the task scores "
                 "correct", when=(REWARDS,))
-RESPONSE_LENGTH_MEAN = _row("response/length_mean", FLOAT, f"{_METRICS}.response_metrics",
+RESPONSE_LENGTH_MEAN = _row("response/length_mean", FLOAT,
                             "mean response length in tokens (EOS included)")
-RESPONSE_LENGTH_MAX = _row("response/length_max", INT, f"{_METRICS}.response_metrics",
+RESPONSE_LENGTH_MAX = _row("response/length_max", INT,
                            "longest response in tokens (EOS included)")
-ADVANTAGE_NONZERO = _row("advantage/nonzero_frac", FLOAT, f"{_METRICS}.response_metrics",
+ADVANTAGE_NONZERO = _row("advantage/nonzero_frac", FLOAT,
                          "share of the step's sequences with a nonzero advantage (0: every group's rewards were equal; "
                          "`--max-zero-advantage-steps` such steps in a row stop the run)")
-ENTROPY = _row("entropy", FLOAT, f"{_METRICS}.response_metrics", "mean token entropy of pi_old (free routing) over "
+ENTROPY = _row("entropy", FLOAT, "mean token entropy of pi_old (free routing) over "
                "response tokens, nats", when=(TOKEN_ENTROPY,))
-REWARD_TASK_MEAN = _row("reward/task_mean", FLOAT, f"{_STEP}._sample", "mean task reward before overlong shaping",
+REWARD_TASK_MEAN = _row("reward/task_mean", FLOAT, "mean task reward before overlong shaping",
                         when=(OVERLONG,), computed=False)
-REWARD_OVERLONG_PENALTY = _row("reward/overlong_penalty_mean", FLOAT, f"{_STEP}._sample",
+REWARD_OVERLONG_PENALTY = _row("reward/overlong_penalty_mean", FLOAT,
                                "mean overlong penalty (`moestab.rl.shaping`)", when=(OVERLONG,), computed=False)
-REWARD_OVERLONG_FRAC = _row("reward/overlong_frac", FLOAT, f"{_STEP}._sample", "share of responses penalised as "
+REWARD_OVERLONG_FRAC = _row("reward/overlong_frac", FLOAT, "share of responses penalised as "
                             "overlong", when=(OVERLONG,), computed=False)
-SAMPLING_DRAWN = _row("sampling/groups_drawn", INT, f"{_STEP}._sample", "prompt groups sampled, every process's "
+SAMPLING_DRAWN = _row("sampling/groups_drawn", INT, "prompt groups sampled, every process's "
                       "(with `--nproc N` each samples its share of every round; the decisions are the whole step's)",
                       when=(DYNAMIC_SAMPLING,), computed=False)
-SAMPLING_DROPPED = _row("sampling/groups_dropped", INT, f"{_STEP}._sample", "groups dropped because their rewards "
+SAMPLING_DROPPED = _row("sampling/groups_dropped", INT, "groups dropped because their rewards "
                         "were all equal", when=(DYNAMIC_SAMPLING,), computed=False)
-SAMPLING_EXTRA = _row("sampling/extra_rollouts", INT, f"{_STEP}._sample", "extra rollouts drawn (at most "
+SAMPLING_EXTRA = _row("sampling/extra_rollouts", INT, "extra rollouts drawn (at most "
                       "`--dynamic-sampling-rounds`)", when=(DYNAMIC_SAMPLING,), computed=False)
-SAMPLING_FILLED = _row("sampling/groups_filled", INT, f"{_STEP}._sample", "dropped groups kept to fill the batch "
+SAMPLING_FILLED = _row("sampling/groups_filled", INT, "dropped groups kept to fill the batch "
                        "when the budget ran out", when=(DYNAMIC_SAMPLING,), computed=False)
-MINIBATCHES = _row("minibatches", INT, f"{_STEP}.run_step", "minibatch updates that ran (= `--minibatches`, which "
+MINIBATCHES = _row("minibatches", INT, "minibatch updates that ran (= `--minibatches`, which "
                    "must divide the batch; TRL: optimizer steps per generation batch)", computed=False)
-LOSS = _row("loss", FLOAT, f"{_METRICS}.update_metrics", "the loss the updates minimised (policy loss, any KL "
+LOSS = _row("loss", FLOAT, "the loss the updates minimised (policy loss, any KL "
             "penalty and coef x router aux loss), mean over the minibatches", when=(UPDATES,))
-GRAD_NORM = _row("grad_norm", FLOAT, f"{_METRICS}.update_metrics", "gradient norm before clipping, mean over the "
+GRAD_NORM = _row("grad_norm", FLOAT, "gradient norm before clipping, mean over the "
                  "minibatches", when=(UPDATES,))
-GRAD_NORM_MAX = _row("grad_norm_max", FLOAT, f"{_METRICS}.update_metrics", "gradient norm before clipping, max over "
+GRAD_NORM_MAX = _row("grad_norm_max", FLOAT, "gradient norm before clipping, max over "
                      "the minibatches", when=(UPDATES,))
-LOSS_KL_OLD_NEW_K1 = _row("loss/kl/old_new_k1", FLOAT, f"{_METRICS}.loss_metrics", "k1 estimate of KL(pi_old || pi) "
+LOSS_KL_OLD_NEW_K1 = _row("loss/kl/old_new_k1", FLOAT, "k1 estimate of KL(pi_old || pi) "
                           "at each update (docs/objectives.md), mean over minibatches", when=(UPDATES,))
-LOSS_KL_OLD_NEW_K3 = _row("loss/kl/old_new_k3", FLOAT, f"{_METRICS}.loss_metrics", "k3 estimate of KL(pi_old || pi) "
+LOSS_KL_OLD_NEW_K3 = _row("loss/kl/old_new_k3", FLOAT, "k3 estimate of KL(pi_old || pi) "
                           "at each update, mean over minibatches", when=(UPDATES,))
-LOSS_KL_REF_K3 = _row("loss/kl/ref_k3", FLOAT, f"{_METRICS}.loss_metrics", "k3 estimate of KL(pi || pi_ref), mean "
+LOSS_KL_REF_K3 = _row("loss/kl/ref_k3", FLOAT, "k3 estimate of KL(pi || pi_ref), mean "
                       "over minibatches; null without a reference model (`--kl-coef 0`)", when=(UPDATES,))
-LOSS_POLICY = _row("loss/objective/policy_loss", FLOAT, f"{_METRICS}.loss_metrics", "the objective's policy term "
+LOSS_POLICY = _row("loss/objective/policy_loss", FLOAT, "the objective's policy term "
                    "(docs/objectives.md), mean over minibatches", when=(UPDATES,))
-LOSS_KL_PENALTY = _row("loss/objective/kl_penalty", FLOAT, f"{_METRICS}.loss_metrics", "the KL penalty term "
+LOSS_KL_PENALTY = _row("loss/objective/kl_penalty", FLOAT, "the KL penalty term "
                        "(`--kl-coef` x k3 to the reference), mean over minibatches", when=(UPDATES,))
-LOSS_RSPO_GAMMA_MEAN = _row("loss/rspo/gamma_mean", FLOAT, f"{_METRICS}.loss_metrics", "RSPO's router-shift weight "
+LOSS_RSPO_GAMMA_MEAN = _row("loss/rspo/gamma_mean", FLOAT, "RSPO's router-shift weight "
                             "gamma, mean over response tokens, then over minibatches", when=(UPDATES, RSPO))
-LOSS_RSPO_GAMMA_MIN = _row("loss/rspo/gamma_min", FLOAT, f"{_METRICS}.loss_metrics", "smallest gamma over response "
+LOSS_RSPO_GAMMA_MIN = _row("loss/rspo/gamma_min", FLOAT, "smallest gamma over response "
                            "tokens, mean over minibatches", when=(UPDATES, RSPO))
-LOSS_RSPO_FLOOR = _row("loss/rspo/floor_frac", FLOAT, f"{_METRICS}.loss_metrics", "share of response tokens whose "
+LOSS_RSPO_FLOOR = _row("loss/rspo/floor_frac", FLOAT, "share of response tokens whose "
                        "gamma was raised to its floor `gamma_min`, mean over minibatches", when=(UPDATES, RSPO))
-LOSS_ROUTER_AUX = _row("loss/objective/router_aux_loss", FLOAT, f"{_METRICS}.loss_metrics", "the model's own "
+LOSS_ROUTER_AUX = _row("loss/objective/router_aux_loss", FLOAT, "the model's own "
                        "load-balancing loss (transformers' `output_router_logits`), mean over minibatches; `loss` "
                        "includes coef x this", when=(UPDATES, ROUTER_AUX))
-ROUTING_CHANGED = _row("routing/{pair}/changed", FLOAT, f"{_METRICS}.routing_metrics", "slot-level changed fraction "
+ROUTING_CHANGED = _row("routing/{pair}/changed", FLOAT, "slot-level changed fraction "
                        "`1 - sum |E_a ∩ E_b| / (k * decisions)` (GSPO §5.3)", "routing", over=ROUTE_METRIC_PAIRS)
-ROUTING_ROUTER_FLIP = _row("routing/{pair}/router_flip", FLOAT, f"{_METRICS}.routing_metrics", "share of (token, "
+ROUTING_ROUTER_FLIP = _row("routing/{pair}/router_flip", FLOAT, "share of (token, "
                            "layer) routers whose expert set differs (R3's \"routers\")", "routing",
                            over=ROUTE_METRIC_PAIRS)
-ROUTING_TOKEN_FLIP = _row("routing/{pair}/token_flip", FLOAT, f"{_METRICS}.routing_metrics", "share of tokens with "
+ROUTING_TOKEN_FLIP = _row("routing/{pair}/token_flip", FLOAT, "share of tokens with "
                           ">= 1 flipped layer (R3's \"tokens\")", "routing", over=ROUTE_METRIC_PAIRS)
-ROUTING_CHANGED_BY_LAYER = _row("routing/{pair}/changed_by_layer", PER_LAYER, f"{_METRICS}.routing_metrics",
+ROUTING_CHANGED_BY_LAYER = _row("routing/{pair}/changed_by_layer", PER_LAYER,
                                 "`changed` per MoE layer", "routing", over=ROUTE_METRIC_PAIRS)
-ROUTING_ROUTER_FLIP_BY_LAYER = _row("routing/{pair}/router_flip_by_layer", PER_LAYER, _DIAG, "`router_flip` per MoE "
+ROUTING_ROUTER_FLIP_BY_LAYER = _row("routing/{pair}/router_flip_by_layer", PER_LAYER, "`router_flip` per MoE "
                                     "layer", "routing", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
                                     computed=False)
-ROUTING_CHANGED_SE = _row("routing/{pair}/changed_se", FLOAT, f"{_METRICS}.routing_metrics", "sampling error "
+ROUTING_CHANGED_SE = _row("routing/{pair}/changed_se", FLOAT, "sampling error "
                           "(standard error over the sampled groups) of `routing/{pair}/changed`", "measure",
                           when=(BUDGET,), over=("old_new", "rollout_old_free"))
-ROUTING_ROUTER_FLIP_SE = _row("routing/{pair}/router_flip_se", FLOAT, f"{_METRICS}.routing_metrics", "sampling "
+ROUTING_ROUTER_FLIP_SE = _row("routing/{pair}/router_flip_se", FLOAT, "sampling "
                               "error of `routing/{pair}/router_flip`", "measure", when=(BUDGET,),
                               over=("old_new", "rollout_old_free"))
-MEASURE_FRACTION = _row("measure/fraction", FLOAT, f"{_METRICS}.measure_metrics", "share of the step's sequences "
+MEASURE_FRACTION = _row("measure/fraction", FLOAT, "share of the step's sequences "
                         "the measure-only forwards scored (0: an unmeasured step)", "measure", when=(BUDGET,))
-ROUTING_UPDATE_DRIFT = _row("routing/update_old/changed_by_minibatch", PER_MINIBATCH, f"{_METRICS}.drift_metrics",
+ROUTING_UPDATE_DRIFT = _row("routing/update_old/changed_by_minibatch", PER_MINIBATCH,
                             "`changed` between the update forward's free routes and pi_old's, per minibatch index "
                             "(null for an empty one); null under R2/R3/TRR (the update forward does not choose its "
                             "routes)", "routing")
-ROUTING_REPLACE_RATE = _row("routing/replay_replace_rate", FLOAT, f"{_METRICS}.replay_metrics", "share of the "
+ROUTING_REPLACE_RATE = _row("routing/replay_replace_rate", FLOAT, "share of the "
                             "replayed expert slots the updates did not use: `changed` between the update forwards' "
                             "routes and the routes they replayed (those of `logp_old`); 0 for plain replay, the share "
                             "refilled under `--replay-score-ratio` (prime-rl's `router_replay_replace_rate`)",
                             "routing", when=(REPLAYED,))
-MISMATCH_K1 = _row("mismatch/{pair}/k1", FLOAT, f"{_METRICS}.mismatch_metrics", "`mean(-d)`, nats per token",
+MISMATCH_K1 = _row("mismatch/{pair}/k1", FLOAT, "`mean(-d)`, nats per token",
                    "mismatch", over=tuple(schema.LOGP_PAIRS))
-MISMATCH_K3 = _row("mismatch/{pair}/k3", FLOAT, f"{_METRICS}.mismatch_metrics", "`mean(exp(d) - 1 - d)` (>= 0 per "
+MISMATCH_K3 = _row("mismatch/{pair}/k3", FLOAT, "`mean(exp(d) - 1 - d)` (>= 0 per "
                    "token), nats per token", "mismatch", over=tuple(schema.LOGP_PAIRS))
-MISMATCH_F2 = _row("mismatch/{pair}/f2", FLOAT, f"{_METRICS}.mismatch_metrics", "F(2) = `mean(|d| > ln 2)`: share "
+MISMATCH_F2 = _row("mismatch/{pair}/f2", FLOAT, "F(2) = `mean(|d| > ln 2)`: share "
                    "of tokens whose probability ratio is outside [1/2, 2]", "mismatch", over=tuple(schema.LOGP_PAIRS))
-MISMATCH_ABS_D = _row("mismatch/{pair}/abs_d", FLOAT, _DIAG, "`mean(|d|)`, nats per token", "mismatch",
+MISMATCH_ABS_D = _row("mismatch/{pair}/abs_d", FLOAT, "`mean(|d|)`, nats per token", "mismatch",
                       when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS), computed=False)
-MISMATCH_SQ_D = _row("mismatch/{pair}/sq_d", FLOAT, _DIAG, "`mean(d^2)`, nats^2 per token", "mismatch",
+MISMATCH_SQ_D = _row("mismatch/{pair}/sq_d", FLOAT, "`mean(d^2)`, nats^2 per token", "mismatch",
                      when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS), computed=False)
-MISMATCH_F5 = _row("mismatch/{pair}/f5", FLOAT, _DIAG, "F(5) = `mean(|d| > ln 5)`: share of tokens whose probability "
+MISMATCH_F5 = _row("mismatch/{pair}/f5", FLOAT, "F(5) = `mean(|d| > ln 5)`: share of tokens whose probability "
                    "ratio is outside [1/5, 5]", "mismatch", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
                    computed=False)
-MISMATCH_PROB_DIFF_MEAN = _row("mismatch/{pair}/prob_diff_mean", FLOAT, _DIAG, "mean of `|exp(log pi_trainer) - "
+MISMATCH_PROB_DIFF_MEAN = _row("mismatch/{pair}/prob_diff_mean", FLOAT, "mean of `|exp(log pi_trainer) - "
                                "exp(log mu_rollout)|` over tokens", "mismatch", when=(DIAGNOSTICS,),
                                over=tuple(schema.LOGP_PAIRS), computed=False)
-MISMATCH_PROB_DIFF_MAX = _row("mismatch/{pair}/prob_diff_max", FLOAT, _DIAG, "max of the token probability "
+MISMATCH_PROB_DIFF_MAX = _row("mismatch/{pair}/prob_diff_max", FLOAT, "max of the token probability "
                               "difference", "mismatch", when=(DIAGNOSTICS,), over=tuple(schema.LOGP_PAIRS),
                               computed=False)
-MISMATCH_PROB_DIFF_STD = _row("mismatch/{pair}/prob_diff_std", FLOAT, _DIAG, "standard deviation (n - 1) of the "
+MISMATCH_PROB_DIFF_STD = _row("mismatch/{pair}/prob_diff_std", FLOAT, "standard deviation (n - 1) of the "
                               "token probability difference", "mismatch", when=(DIAGNOSTICS,),
                               over=tuple(schema.LOGP_PAIRS), computed=False)
-RATIO_TOKEN_MIN = _row("ratio/token_min", FLOAT, f"{_METRICS}.ratio_metrics", "min of `w` over the step's tokens",
+RATIO_TOKEN_MIN = _row("ratio/token_min", FLOAT, "min of `w` over the step's tokens",
                        "ratios")
-RATIO_TOKEN_MAX = _row("ratio/token_max", FLOAT, f"{_METRICS}.ratio_metrics", "max of `w` over the step's tokens",
+RATIO_TOKEN_MAX = _row("ratio/token_max", FLOAT, "max of `w` over the step's tokens",
                        "ratios")
-RATIO_TOKEN_Q = _row("ratio/token_q{q}", FLOAT, f"{_METRICS}.ratio_metrics", "quantile `q` of `w` over the step's "
+RATIO_TOKEN_Q = _row("ratio/token_q{q}", FLOAT, "quantile `q` of `w` over the step's "
                      "tokens", "ratios", over=QUANTILES)
-RATIO_TOKEN_LOG_VAR = _row("ratio/token_log_var", FLOAT, f"{_METRICS}.ratio_metrics", "population variance of "
+RATIO_TOKEN_LOG_VAR = _row("ratio/token_log_var", FLOAT, "population variance of "
                            "`log w` over the step's tokens", "ratios")
-RATIO_SEQ_MIN = _row("ratio/seq_min", FLOAT, f"{_METRICS}.ratio_metrics", "min of `s` over the step's sequences",
+RATIO_SEQ_MIN = _row("ratio/seq_min", FLOAT, "min of `s` over the step's sequences",
                      "ratios")
-RATIO_SEQ_MAX = _row("ratio/seq_max", FLOAT, f"{_METRICS}.ratio_metrics", "max of `s` over the step's sequences",
+RATIO_SEQ_MAX = _row("ratio/seq_max", FLOAT, "max of `s` over the step's sequences",
                      "ratios")
-RATIO_SEQ_Q = _row("ratio/seq_q{q}", FLOAT, f"{_METRICS}.ratio_metrics", "quantile `q` of `s` over the step's "
+RATIO_SEQ_Q = _row("ratio/seq_q{q}", FLOAT, "quantile `q` of `s` over the step's "
                    "sequences", "ratios", over=QUANTILES)
-RATIO_SEQ_LOG_VAR = _row("ratio/seq_log_var", FLOAT, f"{_METRICS}.ratio_metrics", "population variance of `log s` "
+RATIO_SEQ_LOG_VAR = _row("ratio/seq_log_var", FLOAT, "population variance of `log s` "
                          "over the step's sequences", "ratios")
-CLIP_TOKEN_FRAC = _row("clip/token_frac", FLOAT, f"{_METRICS}.clip_metrics", "token-weighted clipped fraction: tokens "
+CLIP_TOKEN_FRAC = _row("clip/token_frac", FLOAT, "token-weighted clipped fraction: tokens "
                        "whose governing ratio was clipped (a clipped sequence clips all its tokens), as GSPO Fig. 2 "
                        "compares them", "ratios")
-CLIP_SEQ_FRAC = _row("clip/seq_frac", FLOAT, f"{_METRICS}.clip_metrics", "share of sequences with a clipped token",
+CLIP_SEQ_FRAC = _row("clip/seq_frac", FLOAT, "share of sequences with a clipped token",
                      "ratios")
-CLIP_TOKEN_FRAC_LATER = _row("clip/token_frac_later", FLOAT, f"{_METRICS}.clip_metrics", "`clip/token_frac` over "
+CLIP_TOKEN_FRAC_LATER = _row("clip/token_frac_later", FLOAT, "`clip/token_frac` over "
                              "minibatches 2..n only (the first updates from theta = theta_old: its ratio is 1 and "
                              "never clips); null with one minibatch", "ratios")
-CLIP_SEQ_FRAC_LATER = _row("clip/seq_frac_later", FLOAT, f"{_METRICS}.clip_metrics", "`clip/seq_frac` over "
+CLIP_SEQ_FRAC_LATER = _row("clip/seq_frac_later", FLOAT, "`clip/seq_frac` over "
                            "minibatches 2..n only; null with one minibatch", "ratios")
-ROUTING_SHARE_VAR = _row("routing_share/var_share", FLOAT, f"{_METRICS}.routing_share_metrics", "`1 - "
+ROUTING_SHARE_VAR = _row("routing_share/var_share", FLOAT, "`1 - "
                          "Var(log w_replayed) / Var(log w_free)` over the step's tokens: the share of the log-ratio's "
                          "variance that routing change causes (0 when both variances are 0; negative when replay "
                          "raised it; null when only Var(log w_free) is 0)", "routing_share", when=(ROUTING_SHARE,))
-ROUTING_SHARE_LOG_VAR_FREE = _row("routing_share/log_var_free", FLOAT, f"{_METRICS}.routing_share_metrics",
+ROUTING_SHARE_LOG_VAR_FREE = _row("routing_share/log_var_free", FLOAT,
                                   "population variance of `log w_free` over the step's tokens", "routing_share",
                                   when=(ROUTING_SHARE,))
-ROUTING_SHARE_LOG_VAR_REPLAYED = _row("routing_share/log_var_replayed", FLOAT, f"{_METRICS}.routing_share_metrics",
+ROUTING_SHARE_LOG_VAR_REPLAYED = _row("routing_share/log_var_replayed", FLOAT,
                                       "population variance of `log w_replayed` over the step's tokens",
                                       "routing_share", when=(ROUTING_SHARE,))
-ROUTING_SHARE_CLIP_FREE = _row("routing_share/clip_frac_free", FLOAT, f"{_METRICS}.routing_share_metrics",
+ROUTING_SHARE_CLIP_FREE = _row("routing_share/clip_frac_free", FLOAT,
                                "share of the step's tokens whose governing ratio the objective clips with "
                                "`log w_free`", "routing_share", when=(ROUTING_SHARE,))
-ROUTING_SHARE_CLIP_REPLAYED = _row("routing_share/clip_frac_replayed", FLOAT, f"{_METRICS}.routing_share_metrics",
+ROUTING_SHARE_CLIP_REPLAYED = _row("routing_share/clip_frac_replayed", FLOAT,
                                    "share of the step's tokens whose governing ratio the objective clips with "
                                    "`log w_replayed`", "routing_share", when=(ROUTING_SHARE,))
-ROUTING_SHARE_ABS_FREE = _row("routing_share/abs_log_w_free", FLOAT, f"{_METRICS}.routing_share_metrics",
+ROUTING_SHARE_ABS_FREE = _row("routing_share/abs_log_w_free", FLOAT,
                               "mean `|log w_free|` over the step's tokens", "routing_share", when=(ROUTING_SHARE,))
-ROUTING_SHARE_ABS_REPLAYED = _row("routing_share/abs_log_w_replayed", FLOAT, f"{_METRICS}.routing_share_metrics",
+ROUTING_SHARE_ABS_REPLAYED = _row("routing_share/abs_log_w_replayed", FLOAT,
                                   "mean `|log w_replayed|` over the step's tokens", "routing_share",
                                   when=(ROUTING_SHARE,))
 ROUTING_SHARE_BY_MINIBATCH = _row("routing_share/by_minibatch/{stat}", PER_MINIBATCH,
-                                  f"{_METRICS}.routing_share_metrics", "`routing_share/{stat}` over each minibatch's "
-                                  "tokens, per minibatch index (null for an empty one)", "routing_share",
+                                  "`routing_share/{stat}` over each minibatch's tokens, per minibatch index (null for "
+                                  "an empty one)", "routing_share",
                                   when=(ROUTING_SHARE,), over=ROUTING_SHARE_STATS)
-_INTEGRITY = "moestab.recording.step_metrics.integrity_metrics"
-INTEGRITY_COVERAGE = _row("routes/integrity/coverage", FLOAT, _INTEGRITY, "share of (response token, MoE layer) "
+INTEGRITY_COVERAGE = _row("routes/integrity/coverage", FLOAT, "share of (response token, MoE layer) "
                           "decisions the capture holds a route for (every slot recorded)", "integrity")
-INTEGRITY_COVERAGE_BY_LAYER = _row("routes/integrity/coverage_by_layer", PER_LAYER, _INTEGRITY, "`coverage` per "
+INTEGRITY_COVERAGE_BY_LAYER = _row("routes/integrity/coverage_by_layer", PER_LAYER, "`coverage` per "
                                    "MoE layer", "integrity")
-INTEGRITY_INVALID_BY_LAYER = _row("routes/integrity/invalid_by_layer", PER_LAYER, _INTEGRITY, "share of a layer's "
+INTEGRITY_INVALID_BY_LAYER = _row("routes/integrity/invalid_by_layer", PER_LAYER, "share of a layer's "
                                   "recorded decisions naming an expert outside the model or one expert twice",
                                   "integrity")
-INTEGRITY_CONSTANT_BY_LAYER = _row("routes/integrity/constant_by_layer", PER_LAYER, _INTEGRITY, "1 when every "
+INTEGRITY_CONSTANT_BY_LAYER = _row("routes/integrity/constant_by_layer", PER_LAYER, "1 when every "
                                    "recorded decision of the layer names the same experts (16 or more of them): a "
                                    "zeroed or filled layer; else 0", "integrity")
-INTEGRITY_WRAPPED = _row("routes/integrity/wrapped", INT, _INTEGRITY, "1 when the model has more than 256 experts and "
+INTEGRITY_WRAPPED = _row("routes/integrity/wrapped", INT, "1 when the model has more than 256 experts and "
                          "no captured id reaches 256 in 256 or more slots (ids stored as uint8 wrapped around), else 0",
                          "integrity")
-INTEGRITY_AGREEMENT_BY_LAYER = _row("routes/integrity/agreement_by_layer", PER_LAYER, _INTEGRITY, "mean share of "
+INTEGRITY_AGREEMENT_BY_LAYER = _row("routes/integrity/agreement_by_layer", PER_LAYER, "mean share of "
                                     "a captured decision's slots whose expert the trainer's own routing also chose "
                                     "for the same token (`1 - changed`); absent without the trainer's routes",
                                     "integrity")
-INTEGRITY_CHANCE = _row("routes/integrity/chance", FLOAT, _INTEGRITY, "the agreement of a capture unrelated to the "
+INTEGRITY_CHANCE = _row("routes/integrity/chance", FLOAT, "the agreement of a capture unrelated to the "
                         "trainer's routing: `top_k / num_experts`", "integrity")
-INTEGRITY_LIFT = _row("routes/integrity/lift", FLOAT, _INTEGRITY, "the worst layer's agreement rescaled from chance "
+INTEGRITY_LIFT = _row("routes/integrity/lift", FLOAT, "the worst layer's agreement rescaled from chance "
                       "(0) to full (1): `(agreement - chance) / (1 - chance)`", "integrity")
-INTEGRITY_DISAGREEING = _row("routes/integrity/disagreeing", FLOAT, _INTEGRITY, "share of the tokens whose "
+INTEGRITY_DISAGREEING = _row("routes/integrity/disagreeing", FLOAT, "share of the tokens whose "
                              "agreement over their layers, rescaled from chance, is below 0.5: a fault confined to "
                              "some tokens (one turn misaligned) that the layers' means dilute", "integrity")
-INTEGRITY_FAILED = _row("routes/integrity/failed", INT, _INTEGRITY, "number of (layer, check) pairs past their "
+INTEGRITY_FAILED = _row("routes/integrity/failed", INT, "number of (layer, check) pairs past their "
                         "threshold this step (0: the capture looks right)", "integrity")
 INTEGRITY_LAYER_DETAIL = frozenset({INTEGRITY_COVERAGE_BY_LAYER, INTEGRITY_INVALID_BY_LAYER,
                                     INTEGRITY_CONSTANT_BY_LAYER, INTEGRITY_AGREEMENT_BY_LAYER})
 """The integrity keys' per-layer lists: in metrics.jsonl, not sent to trackers (their scalars summarise them)."""
-EXPERTS_LOAD = _row("experts/load", PER_LAYER_EXPERT, f"{_METRICS}.expert_metrics", "share of each layer's routed "
+EXPERTS_LOAD = _row("experts/load", PER_LAYER_EXPERT, "share of each layer's routed "
                     "slots per expert under pi_old (free), rounded to 6 decimals", "experts")
-EXPERTS_LOAD_ENTROPY = _row("experts/load_entropy", PER_LAYER, f"{_METRICS}.expert_metrics", "entropy of the load "
+EXPERTS_LOAD_ENTROPY = _row("experts/load_entropy", PER_LAYER, "entropy of the load "
                             "distribution, nats (`ln E` when uniform)", "experts")
-EXPERTS_ROUTER_ENTROPY = _row("experts/router_entropy", PER_LAYER, f"{_METRICS}.expert_metrics", "mean entropy "
+EXPERTS_ROUTER_ENTROPY = _row("experts/router_entropy", PER_LAYER, "mean entropy "
                               "(nats) of softmax(router logits) over response tokens under pi_old (free)", "experts",
                               when=(ROUTER_STATS,))
-EXPERTS_CONFIDENCE = _row("experts/routing_confidence", PER_LAYER, f"{_METRICS}.expert_metrics", "mean routing "
+EXPERTS_CONFIDENCE = _row("experts/routing_confidence", PER_LAYER, "mean routing "
                           "confidence, the mass softmax(router logits) puts on the chosen experts (prime-rl, after the "
                           "StepFun 3.5 Flash report), over response tokens under pi_old (free)", "experts",
                           when=(ROUTER_STATS,))
-EXPERTS_CONFIDENCE_MEAN = _row("experts/routing_confidence_mean", FLOAT, f"{_METRICS}.expert_metrics",
+EXPERTS_CONFIDENCE_MEAN = _row("experts/routing_confidence_mean", FLOAT,
                                "`experts/routing_confidence` over every layer", "experts", when=(ROUTER_STATS,))
-EXPERTS_MAX_VIO = _row("experts/max_vio", PER_LAYER, _DIAG, "load violation `(max_e N_e - mean_e N_e) / mean_e N_e` "
+EXPERTS_MAX_VIO = _row("experts/max_vio", PER_LAYER, "load violation `(max_e N_e - mean_e N_e) / mean_e N_e` "
                        "of the trainer's routes per layer (prime-rl's `max_vio` without its padding filter)", "experts",
                        when=(DIAGNOSTICS,), computed=False)
-HISTORY_SKIPPED = _row("sampling/history_skipped", FLOAT, "moestab.train.history.SolvedPrompts.replace_solved",
+HISTORY_SKIPPED = _row("sampling/history_skipped", FLOAT,
                        "drawn prompts skipped because their last group was all correct", when=(HISTORY,),
                        computed=False)
-HISTORY_KEPT_SOLVED = _row("sampling/history_kept_solved", FLOAT, "moestab.train.history.SolvedPrompts.replace_solved",
+HISTORY_KEPT_SOLVED = _row("sampling/history_kept_solved", FLOAT,
                            "solved prompts kept because replacement draws ran dry", when=(HISTORY,), computed=False)
-EVAL_ACCURACY = _row("eval/accuracy", FLOAT, "moestab.train.evaluate.greedy_accuracy", "greedy accuracy on the "
+EVAL_ACCURACY = _row("eval/accuracy", FLOAT, "greedy accuracy on the "
                      "fixed eval set", when=(EVAL,), computed=False)
-ROUTING_BASE_CHANGED = _row("routing/base_rollout/changed", FLOAT, "moestab.train.route_bases.base_route_distance",
+ROUTING_BASE_CHANGED = _row("routing/base_rollout/changed", FLOAT,
                             "slot-level changed fraction between the rollout's routes and those the warm-started base "
                             "chooses for the same tokens (free routing, the trainer's dtype): how far routing has "
                             "moved from the base; at step 1, where the policy is the base, the rollout -> trainer gap "
                             "alone", "routing", when=(BASE_ROUTES,), computed=False)
 ROUTING_BASE_CHANGED_BY_LAYER = _row("routing/base_rollout/changed_by_layer", PER_LAYER,
-                                     "moestab.train.route_bases.base_route_distance",
                                      "`routing/base_rollout/changed` per MoE layer", "routing", when=(BASE_ROUTES,),
                                      computed=False)
 
@@ -555,8 +574,9 @@ def written_keys(conditions: Iterable[str]) -> list[str]:
     return [key for key, row in KEYS.items() if set(row.when) <= conditions]
 
 
-def markdown() -> str:
-    """docs/metrics.md's key reference: the conditions, then one table per section of :data:`SECTIONS`."""
+def markdown(owners: Mapping[str, str]) -> str:
+    """docs/metrics.md's key reference: the conditions, then one table per section of :data:`SECTIONS`; ``owners``:
+    each row's pattern -> the function that computes or measures it (``moestab.train.key_owners.key_owners``)."""
     lines = ["Every key a step writes, from the key table `moestab/metrics/keys.py` (this part of the file is "
              "generated from it by `python scripts/metric_docs.py`). NaN is written as `null`. The *when* column "
              "names the conditions under which a step writes the key (*always*: every step of every trainer); "
@@ -572,7 +592,8 @@ def markdown() -> str:
             if row.section != section:
                 continue
             cells = (", ".join(f"`{key}`" for key in row.keys), row.kind, ", ".join(row.when) or "always",
-                     f"`{row.function}`" if row.computed else f"trainer: `{row.function}`", row.definition)
+                     f"`{owners[row.pattern]}`" if row.computed else f"trainer: `{owners[row.pattern]}`",
+                     row.definition)
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     lines += ["", "### Other frameworks' names (aliases)", "",
               "The diagnostics call for any trainer (`moestab.recording.diagnostics.route_diagnostics(..., "
@@ -587,10 +608,10 @@ BEGIN_MARKER = "<!-- BEGIN GENERATED: metric keys (moestab/metrics/keys.py; pyth
 END_MARKER = "<!-- END GENERATED: metric keys -->"
 
 
-def with_reference(doc: str) -> str:
+def with_reference(doc: str, owners: Mapping[str, str]) -> str:
     """``doc`` (docs/metrics.md's text) with its part between :data:`BEGIN_MARKER` and :data:`END_MARKER` replaced by
-    :func:`markdown`; ``ValueError`` when the markers are not there once each, in order."""
+    :func:`markdown` of ``owners``; ``ValueError`` when the markers are not there once each, in order."""
     start, end = doc.find(BEGIN_MARKER), doc.find(END_MARKER)
     if doc.count(BEGIN_MARKER) != 1 or doc.count(END_MARKER) != 1 or end < start:
         raise ValueError(f"the key reference must sit between one {BEGIN_MARKER!r} and one {END_MARKER!r}")
-    return f"{doc[: start + len(BEGIN_MARKER)]}\n{markdown()}{doc[end:]}"
+    return f"{doc[: start + len(BEGIN_MARKER)]}\n{markdown(owners)}{doc[end:]}"

@@ -61,16 +61,6 @@ def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float64, *
     return model.to(dtype).eval()
 
 
-def randomise_selection_biases(model: PreTrainedModel, seed: int = 0) -> None:
-    """Fill every expert-selection correction bias (zero at initialisation) with small random values, so that tests
-    exercise how each family adds it."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
-            if name.endswith(("e_score_correction_bias", "expert_bias")):
-                tensor.copy_(torch.rand(tensor.shape, generator=generator) * 0.1)
-
-
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Three right-padded rows (right padding: every family's free forward is finite at real tokens with it)."""
     generator = torch.Generator().manual_seed(seed)

@@ -33,7 +33,8 @@ from moestab.train.config import TrainConfig
 from moestab.train.optim import build_optimizer
 from moestab.train.recipe import DTYPES, response_budget, step_settings
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, extra_examples, run_step, step_examples, step_seed
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings, extra_examples, step_examples, step_seed
 
 FIRST_STEP = 1
 """The step of ``moestab train`` a probe step reproduces (its prompts and seeds)."""

@@ -168,6 +168,9 @@ def with_aliases(metrics: Mapping[str, object], pair: str) -> dict[str, object]:
     return out
 
 
+@keys.computes(keys.ROUTING_ROUTER_FLIP_BY_LAYER, keys.MISMATCH_ABS_D, keys.MISMATCH_SQ_D, keys.MISMATCH_F5,
+               keys.MISMATCH_PROB_DIFF_MEAN, keys.MISMATCH_PROB_DIFF_MAX, keys.MISMATCH_PROB_DIFF_STD,
+               keys.EXPERTS_MAX_VIO)
 def route_diagnostics(
     rollout_routes: Any,
     trainer_routes: Any,

@@ -20,7 +20,7 @@ measurement        when (the step's named point)        policy and routing      
 - **When each applies** (:meth:`Measurement.applies`, of a :class:`MeasureSetup`): ``FreeOldPolicy`` when the ratio's
   pi_old replays routes (R3 / TRR / routing-constant) and no objective reads the free routers' log-probs (otherwise
   pi_old's free forward is the ratio's own and the trainer runs it); ``RoutingShare`` with ``--routing-share``
-  (TRL: ``RecordSettings(routing_share=True)``); ``NewPolicy`` always.
+  (TRL: ``RecordSettings(routing_share=True)``), its :attr:`Measurement.switch`; ``NewPolicy`` always.
 - **The measurement budget** (``measured`` rows, :mod:`moestab.recording.measure_budget`) applies to all three: each
   scores the measured rows only, and the token-table columns it fills (:attr:`Measurement.columns`) are then sampled
   (``StepTensors.sampled``). One exception, in TRL without its own pi_old forward: the budget is drawn at the last
@@ -48,6 +48,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from moestab.recording.step_fields import STEP_FIELDS, StepField
 from moestab.routing import Routes
 from moestab.run_folder import schema
 
@@ -58,8 +59,8 @@ class MeasureSetup:
 
     replay: str
     """The routing replay of the ratio and updates (``schema.REPLAY_MODES``; TRL: ``"off"``)."""
-    routing_share: bool = False
-    """Score each minibatch once more with the other routing (routing's share of the ratio)."""
+    switched_on: frozenset[str] = frozenset()
+    """The measurement switches the trainer's settings turn on (:attr:`Measurement.switch`, :func:`switched_on`)."""
     router_logprobs: bool = False
     """The objective reads the free routers' log-probs (RSPO): pi_old's free forward is then the ratio's own."""
 
@@ -112,10 +113,15 @@ class Measurement:
 
     fills: ClassVar[tuple[str, ...]] = ()
     """The ``StepTensors`` fields it fills (attributes of the same names)."""
-    columns: ClassVar[frozenset[str]] = frozenset()
-    """The token-table columns it fills: sampled when the step has a measurement budget."""
+    declares: ClassVar[tuple[StepField, ...]] = ()
+    """The fields it fills that :data:`moestab.recording.step_fields.STEP_FIELDS` does not declare: its own, with
+    their token-table columns (``StepTensors.extra`` carries them, the token table writes them)."""
     keys: ClassVar[tuple[str, ...]] = ()
     """The metrics.jsonl keys it reports (rows of :mod:`moestab.metrics.keys`, ``computed=False``)."""
+    switch: ClassVar[str | None] = None
+    """The trainer setting that turns it on: a field of that name in ``moestab train``'s ``TrainConfig`` and in the TRL
+    integration's ``RecordSettings`` (``--routing-share``: ``routing_share``); None when no setting does. The
+    trainers pass what their settings turn on as :attr:`MeasureSetup.switched_on` (:func:`switched_on`)."""
 
     def __init__(self, setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
         """``shape``: the step's ``[B, T]`` (rows x response tokens); ``dtype``: its log-prob dtype."""
@@ -138,6 +144,16 @@ class Measurement:
     def after_step(self, fwd: StepForwards, measured: torch.Tensor | None) -> None:
         """On pi_new's weights, after the last update."""
 
+    @classmethod
+    def columns(cls) -> frozenset[str]:
+        """The token-table columns it fills (its fields' declared columns): sampled when the step has a measurement
+        budget."""
+        declared = {f.name: f for f in (*STEP_FIELDS, *cls.declares)}
+        missing = [name for name in cls.fills if name not in declared]
+        if missing:
+            raise ValueError(f"{cls.__name__} fills {missing}, which no step field declares (STEP_FIELDS, declares)")
+        return frozenset(column for name in cls.fills if (column := declared[name].column) is not None)
+
     def filled(self) -> dict[str, Any]:
         """The ``StepTensors`` fields it filled."""
         return {name: getattr(self, name) for name in self.fills}
@@ -157,7 +173,6 @@ class FreeOldPolicy(Measurement):
     """pi_old's free routes and log-probs when the ratio's pi_old replays routes: how the trainer would have routed."""
 
     fills = ("logp_old_free", "routes_old_free", "entropy")
-    columns = frozenset({schema.COL_ROUTES_OLD_FREE, schema.COL_LOGP_OLD_FREE})
 
     @staticmethod
     def applies(setup: MeasureSetup) -> bool:
@@ -175,6 +190,7 @@ class RoutingShare(Measurement):
     the run is bit-identical with it off."""
 
     fills = ("logp_update_counterfactual", "clipped_counterfactual")
+    switch = "routing_share"
 
     def __init__(self, setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(setup, shape, dtype, device)
@@ -184,7 +200,7 @@ class RoutingShare(Measurement):
 
     @staticmethod
     def applies(setup: MeasureSetup) -> bool:
-        return setup.routing_share
+        return RoutingShare.switch in setup.switched_on
 
     def before_update(self, fwd, rows, scored) -> None:
         self._scored = fwd.other_routing(rows, scored)  # [b, T]
@@ -204,7 +220,6 @@ class NewPolicy(Measurement):
     """pi_new's free routes and log-probs, after the step's last update: the other side of old->new."""
 
     fills = ("logp_new", "routes_new")
-    columns = frozenset({schema.COL_ROUTES_NEW, schema.COL_LOGP_NEW})
 
     @staticmethod
     def applies(setup: MeasureSetup) -> bool:
@@ -217,6 +232,12 @@ class NewPolicy(Measurement):
 
 MEASUREMENTS: tuple[type[Measurement], ...] = (FreeOldPolicy, RoutingShare, NewPolicy)
 """Every declared measurement, in the order the trainers run them at a shared point."""
+
+
+def switched_on(settings: object) -> frozenset[str]:
+    """The measurement switches a trainer's ``settings`` (``TrainConfig``, TRL's ``RecordSettings``) turn on: each
+    declared measurement's :attr:`Measurement.switch` that is a true attribute of ``settings``."""
+    return frozenset(cls.switch for cls in MEASUREMENTS if cls.switch and getattr(settings, cls.switch, False))
 
 
 def step_measurements(setup: MeasureSetup, shape: tuple[int, int], dtype: torch.dtype,
@@ -241,7 +262,7 @@ def rng_devices(model: torch.nn.Module) -> list[int]:
 
 def sampled_columns(measures: list[Measurement], measured: torch.Tensor | None) -> frozenset[str]:
     """The token-table columns the measurement budget sampled (none without a budget)."""
-    return frozenset() if measured is None else frozenset().union(*(m.columns for m in measures))
+    return frozenset() if measured is None else frozenset().union(*(m.columns() for m in measures))
 
 
 def measured_metrics(measures: list[Measurement]) -> dict[str, float]:

@@ -15,10 +15,9 @@ computed on the measured tokens only; the route-change rates of such pairs also 
 from __future__ import annotations
 
 import math
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -32,7 +31,8 @@ from moestab.metrics.ratios import clip_fractions, ratio_stats
 from moestab.metrics.routes import intersection_sizes, route_change, token_changes
 from moestab.metrics.routing_share import routing_share, routing_share_by_minibatch
 from moestab.metrics.sampling import ratio_se
-from moestab.recording.step_tensors import StepTensors
+from moestab.recording.step_fields import POSITIONS, ROUTES, SEQUENCE
+from moestab.recording.step_tensors import StepTensors, step_fields
 from moestab.run_folder import schema
 
 LOSS_DIAGNOSTIC_PREFIXES = ("objective/", "kl/", "rspo/")
@@ -63,30 +63,45 @@ class StepView:
         """The routing replay mode (``schema.REPLAY_MODES``; ``off`` for a trainer that replays nothing)."""
         self.updates = updates
         """The trainer's update reports, or None when it gives none."""
+        self._columns: dict[str, np.ndarray] = {}
         self._intersections: dict[str, np.ndarray] = {}
         self._changes: dict[str, dict[str, np.ndarray]] = {}
+
+    def column(self, name: str) -> np.ndarray:
+        """Token-table column ``name`` at the step's response tokens (``[tokens]``; route columns ``[tokens, layers,
+        k]``): a declared step field's (``step_fields``), or the rollout's own routes and log-probs."""
+        if name not in self._columns:
+            t = self.tensors
+            if name == schema.COL_ROUTES_ROLLOUT:
+                value = t.response(t.batch.routes.indices)
+            elif name == schema.COL_LOGP_ROLLOUT:
+                value = t.tokens(t.batch.logp_rollout)
+            else:
+                field = next((f for f in step_fields() if f.column == name), None)
+                if field is None:
+                    raise KeyError(f"no step field writes the token-table column {name!r}")
+                raw = t.get(field.name)
+                if field.kind == ROUTES:
+                    value = t.response(raw.indices)
+                elif field.kind == POSITIONS:
+                    value = t.response(raw)
+                elif field.kind == SEQUENCE:
+                    value = t.per_token(raw)
+                else:
+                    value = t.tokens(raw)
+            self._columns[name] = _numpy(value)
+        return self._columns[name]
 
     @cached_property
     def routes(self) -> dict[str, np.ndarray]:
         """Route sets ``[tokens, layers, k]`` by token-table column (``schema.ROUTE_COLUMNS``)."""
-        t = self.tensors
-        return {
-            schema.COL_ROUTES_ROLLOUT: _numpy(t.response(t.batch.routes.indices)),
-            schema.COL_ROUTES_OLD: _numpy(t.response(t.routes_old)),
-            schema.COL_ROUTES_OLD_FREE: _numpy(t.response(t.routes_old_free.indices)),
-            schema.COL_ROUTES_UPDATE: _numpy(t.response(t.routes_update)),
-            schema.COL_ROUTES_NEW: _numpy(t.response(t.routes_new.indices)),
-        }
+        return {column: self.column(column) for column in schema.ROUTE_COLUMNS}
 
     @cached_property
     def logp(self) -> dict[str, np.ndarray]:
         """Log-probs ``[tokens]`` of the rollout and of pi_old on both sides, by token-table column."""
-        t = self.tensors
-        return {
-            schema.COL_LOGP_ROLLOUT: _numpy(t.tokens(t.batch.logp_rollout)),
-            schema.COL_LOGP_OLD: _numpy(t.tokens(t.logp_old)),
-            schema.COL_LOGP_OLD_FREE: _numpy(t.tokens(t.logp_old_free)),
-        }
+        return {column: self.column(column)
+                for column in (schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD, schema.COL_LOGP_OLD_FREE)}
 
     @cached_property
     def sequence(self) -> np.ndarray:
@@ -151,6 +166,7 @@ def _numpy(x: torch.Tensor) -> np.ndarray:
 
 
 # ---- the metric functions (each named by rows of moestab.metrics.keys) ----------------------------------------
+@keys.computes(keys.REWARD_MEAN, keys.REWARD_STD, keys.ACCURACY)
 def reward_metrics(v: StepView) -> dict[str, float]:
     """Reward and accuracy of the step's sequences, when the trainer knows them."""
     t = v.tensors
@@ -163,6 +179,7 @@ def reward_metrics(v: StepView) -> dict[str, float]:
     return out
 
 
+@keys.computes(keys.RESPONSE_LENGTH_MEAN, keys.RESPONSE_LENGTH_MAX, keys.ADVANTAGE_NONZERO, keys.ENTROPY)
 def response_metrics(v: StepView) -> dict[str, float]:
     """Response length, share of non-zero advantages and pi_old's mean token entropy (when recorded) of a step."""
     t = v.tensors
@@ -180,6 +197,7 @@ def response_metrics(v: StepView) -> dict[str, float]:
     return out
 
 
+@keys.computes(keys.LOSS, keys.GRAD_NORM, keys.GRAD_NORM_MAX)
 def update_metrics(v: StepView) -> dict[str, float]:
     """The updates' loss and gradient norm: means over the minibatches, and the largest norm."""
     if v.updates is None:
@@ -189,6 +207,9 @@ def update_metrics(v: StepView) -> dict[str, float]:
             keys.GRAD_NORM_MAX: max(norms)}
 
 
+@keys.computes(keys.LOSS_KL_OLD_NEW_K1, keys.LOSS_KL_OLD_NEW_K3, keys.LOSS_KL_REF_K3, keys.LOSS_POLICY,
+               keys.LOSS_KL_PENALTY, keys.LOSS_RSPO_GAMMA_MEAN, keys.LOSS_RSPO_GAMMA_MIN, keys.LOSS_RSPO_FLOOR,
+               keys.LOSS_ROUTER_AUX)
 def loss_metrics(v: StepView) -> dict[str, float]:
     """Mean over minibatches of the loss diagnostics of :data:`LOSS_DIAGNOSTIC_PREFIXES`, under ``loss/``.
 
@@ -206,6 +227,8 @@ def loss_metrics(v: StepView) -> dict[str, float]:
     return out
 
 
+@keys.computes(keys.ROUTING_CHANGED, keys.ROUTING_ROUTER_FLIP, keys.ROUTING_TOKEN_FLIP,
+               keys.ROUTING_CHANGED_BY_LAYER, keys.ROUTING_CHANGED_SE, keys.ROUTING_ROUTER_FLIP_SE)
 def routing_metrics(v: StepView) -> dict[str, object]:
     """Routing change of every pair of :data:`~moestab.metrics.keys.ROUTE_METRIC_PAIRS` over the step's tokens (a
     sampled pair: over the measured tokens, with the sampling error of ``changed`` and ``router_flip``; nothing on a
@@ -230,6 +253,9 @@ def routing_metrics(v: StepView) -> dict[str, object]:
     return out
 
 
+@keys.computes(keys.INTEGRITY_COVERAGE, keys.INTEGRITY_COVERAGE_BY_LAYER, keys.INTEGRITY_INVALID_BY_LAYER,
+               keys.INTEGRITY_CONSTANT_BY_LAYER, keys.INTEGRITY_WRAPPED, keys.INTEGRITY_AGREEMENT_BY_LAYER,
+               keys.INTEGRITY_CHANCE, keys.INTEGRITY_LIFT, keys.INTEGRITY_DISAGREEING, keys.INTEGRITY_FAILED)
 def integrity_metrics(v: StepView) -> dict[str, object]:
     """``routes/integrity/*`` of the rollout's routes, against the trainer's free pi_old routes of the same tokens
     where they are known (a sampled pair: on the measured tokens; none on an unmeasured step). Under a base-routed
@@ -247,6 +273,7 @@ def integrity_metrics(v: StepView) -> dict[str, object]:
                            agreement=judged, changes=changes)
 
 
+@keys.computes(keys.ROUTING_UPDATE_DRIFT)
 def drift_metrics(v: StepView) -> dict[str, object]:
     """Per minibatch, how far the free routes at update time had drifted from pi_old's. Under replay the update
     forward does not choose its routes, so there is nothing to measure (null)."""
@@ -257,6 +284,7 @@ def drift_metrics(v: StepView) -> dict[str, object]:
     return {keys.ROUTING_UPDATE_DRIFT: by_mb}  # NaN (-> null) for an empty minibatch
 
 
+@keys.computes(keys.ROUTING_REPLACE_RATE)
 def replay_metrics(v: StepView) -> dict[str, float]:
     """Under routing replay, the share of replayed slots the update forwards replaced (score-threshold replay; 0 for
     plain replay): the slot-level change between the routes they used and the routes they replayed (``update_old``)."""
@@ -265,6 +293,7 @@ def replay_metrics(v: StepView) -> dict[str, float]:
     return {keys.ROUTING_REPLACE_RATE: float(route_change(v.intersections("update_old"), v.top_k)["changed"][0])}
 
 
+@keys.computes(keys.MISMATCH_K1, keys.MISMATCH_K3, keys.MISMATCH_F2)
 def mismatch_metrics(v: StepView) -> dict[str, float]:
     """Rollout -> trainer log-prob mismatch of every pair of ``schema.LOGP_PAIRS``."""
     out: dict[str, float] = {}
@@ -277,18 +306,24 @@ def mismatch_metrics(v: StepView) -> dict[str, float]:
     return out
 
 
+@keys.computes(keys.RATIO_TOKEN_MIN, keys.RATIO_TOKEN_MAX, keys.RATIO_TOKEN_Q, keys.RATIO_TOKEN_LOG_VAR,
+               keys.RATIO_SEQ_MIN, keys.RATIO_SEQ_MAX, keys.RATIO_SEQ_Q, keys.RATIO_SEQ_LOG_VAR)
 def ratio_metrics(v: StepView) -> dict[str, float]:
     """Distribution of the token ratio ``w`` and the sequence ratio ``s`` that entered the loss."""
     log_w = _numpy(v.tensors.tokens(v.tensors.log_w))  # [tokens]
     return {keys.RATIO_KEYS[stat]: value for stat, value in ratio_stats(log_w, v.sequence).items()}
 
 
+@keys.computes(keys.CLIP_TOKEN_FRAC, keys.CLIP_SEQ_FRAC, keys.CLIP_TOKEN_FRAC_LATER, keys.CLIP_SEQ_FRAC_LATER)
 def clip_metrics(v: StepView) -> dict[str, float]:
     """Clipped shares of the step's tokens and sequences, over all minibatches and over minibatches 2..n."""
     clipped = _numpy(v.tensors.tokens(v.tensors.clipped))  # [tokens]
     return {keys.CLIP_KEYS[stat]: value for stat, value in clip_fractions(clipped, v.sequence, v.minibatch).items()}
 
 
+@keys.computes(keys.ROUTING_SHARE_VAR, keys.ROUTING_SHARE_LOG_VAR_FREE, keys.ROUTING_SHARE_LOG_VAR_REPLAYED,
+               keys.ROUTING_SHARE_CLIP_FREE, keys.ROUTING_SHARE_CLIP_REPLAYED, keys.ROUTING_SHARE_ABS_FREE,
+               keys.ROUTING_SHARE_ABS_REPLAYED, keys.ROUTING_SHARE_BY_MINIBATCH)
 def routing_share_metrics(v: StepView) -> dict[str, object]:
     """Routing's share of the ratio (:mod:`moestab.metrics.routing_share`) over the step's tokens and per minibatch,
     when the trainer measured the counterfactual log-probs. The update forward is the free side under ``off`` and
@@ -307,6 +342,8 @@ def routing_share_metrics(v: StepView) -> dict[str, object]:
     return out
 
 
+@keys.computes(keys.EXPERTS_LOAD, keys.EXPERTS_LOAD_ENTROPY, keys.EXPERTS_ROUTER_ENTROPY, keys.EXPERTS_CONFIDENCE,
+               keys.EXPERTS_CONFIDENCE_MEAN)
 def expert_metrics(v: StepView) -> dict[str, object]:
     """Expert load under pi_old (free) and, when recorded, its routers' entropy and confidence, per layer."""
     t = v.tensors
@@ -329,6 +366,7 @@ def expert_metrics(v: StepView) -> dict[str, object]:
     return out
 
 
+@keys.computes(keys.MEASURE_FRACTION)
 def measure_metrics(v: StepView) -> dict[str, float]:
     """Under a measurement budget, the share of the step's sequences the measure-only forwards scored."""
     measured = v.tensors.measured
@@ -336,11 +374,12 @@ def measure_metrics(v: StepView) -> dict[str, float]:
 
 
 # ---- the line ---------------------------------------------------------------------------------------------------
-@cache
-def metric_functions() -> tuple[tuple[str, Callable[[StepView], dict[str, object]]], ...]:
-    """``(dotted path, function)`` of every function the key table names for a computed key, in the table's order."""
-    paths = dict.fromkeys(row.function for row in keys.TABLE if row.computed)
-    return tuple((path, pkgutil.resolve_name(path)) for path in paths)
+STEP_METRICS: tuple[Callable[[StepView], dict[str, object]], ...] = (
+    reward_metrics, response_metrics, update_metrics, loss_metrics, routing_metrics, measure_metrics, drift_metrics,
+    replay_metrics, mismatch_metrics, ratio_metrics, clip_metrics, routing_share_metrics, integrity_metrics,
+    expert_metrics,
+)
+"""The functions of a step's computed keys, each marked with the rows it computes (``keys.computes``)."""
 
 
 def step_metrics(
@@ -359,11 +398,12 @@ def step_metrics(
         raise ValueError(f"{computed_measured} are computed by the recording layer, not measured by the trainer")
     view = StepView(t, replay=replay, updates=updates)
     values: dict[str, object] = dict(measured)
-    for path, function in metric_functions():
+    for function in STEP_METRICS:
         out = function(view)
         keys.in_table_order(out)  # every key declared
-        strays = [key for key in out if keys.KEYS[key].function != path]
+        strays = [key for key in out if keys.KEYS[key].pattern not in keys.owned_keys(function)]
         if strays:
-            raise ValueError(f"{path} returned {strays}, whose rows in moestab/metrics/keys.py name another function")
+            raise ValueError(f"{keys.owner_name(function)} returned {strays}, which it is not marked to compute "
+                             "(keys.computes)")
         values.update(out)
     return keys.in_table_order(values)

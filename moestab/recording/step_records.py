@@ -44,6 +44,7 @@ def metrics_line(step: int, metrics: Mapping[str, object]) -> dict[str, object]:
     return keys.in_table_order({keys.STEP: step, **metrics})
 
 
+@keys.computes(keys.STEP)
 def write_step_metrics(writer: StepWriter, step: int, metrics: Mapping[str, object]) -> None:
     """Append :func:`metrics_line` of ``step`` to metrics.jsonl."""
     writer.append_metrics(metrics_line(step, metrics))

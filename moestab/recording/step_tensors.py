@@ -1,12 +1,19 @@
-"""``StepTensors``: everything one RL step computed per sequence and response token, for metrics and records."""
+"""``StepTensors``: everything one RL step computed per sequence and response token, for metrics and records. Its
+fields are declared once (:data:`moestab.recording.step_fields.STEP_FIELDS`); moving, merging across processes,
+writing the token table and the metrics' views iterate over the declaration, and a measurement that fills a field of
+its own declares it (``Measurement.declares``) and the same code carries it (:attr:`StepTensors.extra`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
+from moestab.recording import measurements
 from moestab.recording.batch import RolloutBatch, cat_batches, pad_positions, relay_positions
+from moestab.recording.step_fields import BATCH, EXAMPLES, POSITIONS, ROUTES, SEQUENCE, STEP_FIELDS, TOKEN, StepField
 from moestab.routing import Routes
 from moestab.tasks import Example
 
@@ -53,6 +60,26 @@ class StepTensors:
     """Token-table columns (``schema.COL_*``) produced by a measure-only forward, hence known on ``measured`` rows
     only: ``routes_new`` / ``logp_new`` always, ``routes_old_free`` / ``logp_old_free`` (and the token entropy, from
     the same forward) under R3 / TRR, whose ratio uses a replayed pi_old."""
+    extra: dict[str, Any] | None = None
+    """Fields declared by a measurement (``Measurement.declares``) rather than here: name -> value."""
+
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> StepTensors:
+        """A step's record from its fields by name: the declared fields of :data:`STEP_FIELDS` as they are, those a
+        measurement declares into :attr:`extra`; ``ValueError`` for a name nothing declares."""
+        own = {f.name for f in fields(cls)} - {"extra"}
+        declared = {f.name for f in measurement_fields()}
+        stray = sorted(set(values) - own - declared)
+        if stray:
+            raise ValueError(f"{stray}: no step field of that name is declared (STEP_FIELDS, Measurement.declares)")
+        extra = {name: value for name, value in values.items() if name not in own}
+        return cls(**{name: value for name, value in values.items() if name in own}, extra=extra or None)
+
+    def get(self, name: str) -> Any:
+        """Field ``name``'s value, declared here or by a measurement (``None``: not filled this step)."""
+        if name in _OWN_NAMES:
+            return getattr(self, name)
+        return (self.extra or {}).get(name)
 
     @property
     def group_size(self) -> int:
@@ -65,11 +92,9 @@ class StepTensors:
 
     def to(self, device: torch.device | str) -> StepTensors:
         """These tensors on ``device`` (e.g. the CPU, before they are sent to another process)."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, value in moved.items():
-            if isinstance(value, torch.Tensor | Routes | RolloutBatch):
-                moved[name] = value.to(device)
-        return StepTensors(**moved)
+        values = {f.name: self.get(f.name) for f in step_fields()}
+        return StepTensors.of({name: value.to(device) if isinstance(value, torch.Tensor | Routes | RolloutBatch)
+                               else value for name, value in values.items()})
 
     @property
     def log_w(self) -> torch.Tensor:
@@ -101,40 +126,32 @@ class StepTensors:
 
 def cat_step_tensors(parts: list[StepTensors], pad_token_id: int) -> StepTensors:
     """Several processes' step tensors as one step's: rows stacked in order, laid out on the widest prompt and the
-    longest response (as :func:`moestab.recording.batch.cat_batches` lays out the batches)."""
+    longest response (as :func:`moestab.recording.batch.cat_batches` lays out the batches), every declared field
+    (:func:`step_fields`) merged as its kind says. A field left ``None`` by the first process is ``None``."""
     batch = cat_batches([p.batch for p in parts], pad_token_id)
     P, T = batch.prompt_len, batch.targets.shape[1]
     length = batch.input_ids.shape[1]
 
-    def rows(get) -> torch.Tensor:  # [B_r] -> [B]
-        return torch.cat([get(p) for p in parts])
+    def merged(field: StepField) -> Any:
+        values = [p.get(field.name) for p in parts]
+        if field.kind == BATCH:
+            return batch
+        if values[0] is None:
+            return None
+        if field.kind == EXAMPLES:
+            return [e for v in values for e in v]
+        if field.kind == SEQUENCE:  # [B_r] -> [B]
+            return torch.cat(values)
+        if field.kind == TOKEN:  # [B_r, T_r] -> [B, T]
+            return torch.cat([pad_positions(v, T, field.fill) for v in values])
+        if field.kind == POSITIONS:  # [B_r, L_r, layers, k] -> [B, L, layers, k]
+            return torch.cat([relay_positions(v, P - p.batch.prompt_len, length, -1)
+                              for v, p in zip(values, parts, strict=True)])
+        if field.kind == ROUTES:
+            return Routes.cat([v.shift(P - p.batch.prompt_len) for v, p in zip(values, parts, strict=True)])
+        return values[0]  # COLUMNS: the same on every process
 
-    def tokens(get, fill) -> torch.Tensor:  # [B_r, T_r] -> [B, T]
-        return torch.cat([pad_positions(get(p), T, fill) for p in parts])
-
-    def positions(get) -> torch.Tensor:  # [B_r, L_r, layers, k] -> [B, L, layers, k]
-        return torch.cat([relay_positions(get(p), P - p.batch.prompt_len, length, -1) for p in parts])
-
-    def routes(get) -> Routes:
-        return Routes.cat([get(p).shift(P - p.batch.prompt_len) for p in parts])
-
-    return StepTensors(
-        batch=batch, examples=[e for p in parts for e in p.examples],
-        rewards=None if parts[0].rewards is None else rows(lambda p: p.rewards),
-        correct=None if parts[0].correct is None else rows(lambda p: p.correct),
-        advantages=rows(lambda p: p.advantages), minibatch=rows(lambda p: p.minibatch),
-        logp_old=tokens(lambda p: p.logp_old, 0.0), logp_old_free=tokens(lambda p: p.logp_old_free, 0.0),
-        logp_update=tokens(lambda p: p.logp_update, 0.0), logp_new=tokens(lambda p: p.logp_new, 0.0),
-        clipped=tokens(lambda p: p.clipped, False),
-        routes_old=positions(lambda p: p.routes_old), routes_old_free=routes(lambda p: p.routes_old_free),
-        routes_update=positions(lambda p: p.routes_update), routes_new=routes(lambda p: p.routes_new),
-        entropy=None if parts[0].entropy is None else tokens(lambda p: p.entropy, 0.0),
-        logp_update_counterfactual=None if parts[0].logp_update_counterfactual is None
-        else tokens(lambda p: p.logp_update_counterfactual, 0.0),
-        clipped_counterfactual=None if parts[0].clipped_counterfactual is None
-        else tokens(lambda p: p.clipped_counterfactual, False),
-        measured=None if parts[0].measured is None else rows(lambda p: p.measured), sampled=parts[0].sampled,
-    )
+    return StepTensors.of({field.name: merged(field) for field in step_fields()})
 
 
 def cat_loss_inputs(parts: list[dict]) -> dict:
@@ -150,3 +167,25 @@ def cat_loss_inputs(parts: list[dict]) -> dict:
             values = [pad_positions(v, width, False if v.dtype == torch.bool else 0) for v in values]
         out[key] = torch.cat(values)
     return out
+
+
+_OWN_NAMES = frozenset(f.name for f in STEP_FIELDS)
+
+
+def measurement_fields() -> tuple[StepField, ...]:
+    """The fields the declared measurements add (``Measurement.declares`` of ``measurements.MEASUREMENTS``, read at
+    the call: a measurement added to the list is carried at once)."""
+    return tuple(f for cls in measurements.MEASUREMENTS for f in cls.declares)
+
+
+def step_fields() -> tuple[StepField, ...]:
+    """Every field of a step's record: :data:`STEP_FIELDS` and those the measurements declare."""
+    return STEP_FIELDS + measurement_fields()
+
+
+def field_named(name: str, declared: Iterable[StepField] | None = None) -> StepField:
+    """The declared field ``name`` (``KeyError`` naming the declared ones)."""
+    found = {f.name: f for f in (step_fields() if declared is None else declared)}
+    if name not in found:
+        raise KeyError(f"no step field {name!r}; declared: {sorted(found)}")
+    return found[name]

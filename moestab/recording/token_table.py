@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from moestab.recording.step_tensors import StepTensors
+from moestab.recording.step_fields import POSITIONS, ROUTES, SEQUENCE
+from moestab.recording.step_tensors import StepTensors, step_fields
 from moestab.run_folder import schema
 from moestab.run_folder.route_columns import encode_route_columns, route_layout_for, with_route_layout
 
@@ -18,6 +19,15 @@ def record_rows(batch_size: int, fraction: float, seed: int) -> torch.Tensor:
         return torch.arange(batch_size)
     keep = max(1, round(fraction * batch_size))
     return torch.randperm(batch_size, generator=torch.Generator().manual_seed(seed))[:keep].sort().values
+
+
+TABLE_ORDER = (
+    schema.COL_STEP, schema.COL_SEQ, schema.COL_PROMPT, schema.COL_MINIBATCH, schema.COL_POSITION,
+    schema.COL_RESPONSE_LEN, schema.COL_REWARD, schema.COL_ADVANTAGE, schema.COL_LOGP_ROLLOUT, schema.COL_LOGP_OLD,
+    schema.COL_LOGP_OLD_FREE, schema.COL_LOGP_UPDATE, schema.COL_LOGP_NEW, schema.COL_LOG_W, schema.COL_CLIPPED,
+    *schema.ROUTE_COLUMNS, schema.COL_MARGIN_OLD, schema.COL_CONFIDENCE_OLD,
+)
+"""The order of a token table's columns (docs/run-format.md); a column a measurement declares comes after them."""
 
 
 def _fixed_list(values: np.ndarray, width: int) -> pa.FixedSizeListArray:
@@ -65,33 +75,34 @@ def token_table(
         v = values[rows][:, P - 1 :][mask][:, layer_slots].float().cpu().numpy()  # [N, layers']
         return _fixed_list(v.astype(np.float32), v.shape[1])
 
-    route_columns, layout = encode_route_columns({
-        schema.COL_ROUTES_ROLLOUT: routes(batch.routes.indices),
-        schema.COL_ROUTES_OLD: routes(t.routes_old),
-        schema.COL_ROUTES_OLD_FREE: routes(t.routes_old_free.indices),
-        schema.COL_ROUTES_UPDATE: routes(t.routes_update),
-        schema.COL_ROUTES_NEW: routes(t.routes_new.indices),
-    }, layout)
+    declared: dict[str, pa.Array] = {}
+    route_ids = {schema.COL_ROUTES_ROLLOUT: routes(batch.routes.indices)}  # [N, layers', k] each
+    for field in step_fields():  # every declared field with a column, as its kind says
+        value = t.get(field.name)
+        if field.column is None:
+            continue
+        if field.kind in (POSITIONS, ROUTES):
+            route_ids[field.column] = routes(value.indices if field.kind == ROUTES else value)
+        elif value is None:  # not known to this trainer (TRL's rewards) or not measured: NaN
+            declared[field.column] = pa.array(np.full(len(seq), np.nan, np.float32))
+        else:
+            values = seq_col(value) if field.kind == SEQUENCE else tok(value)  # [N]
+            declared[field.column] = pa.array(values.astype(np.dtype(field.dtype)))
+    route_columns, layout = encode_route_columns(route_ids, layout)
     group_size = len(batch.completions) // len(t.examples)
     columns = {
         schema.COL_STEP: pa.array(np.full(len(seq), step, np.int32)),
         schema.COL_SEQ: pa.array(seq.numpy().astype(np.int32)),
         schema.COL_PROMPT: pa.array((seq // group_size).numpy().astype(np.int32)),
-        schema.COL_MINIBATCH: pa.array(seq_col(t.minibatch).astype(np.int16)),
         schema.COL_POSITION: pa.array(position.numpy().astype(np.int32)),
         schema.COL_RESPONSE_LEN: pa.array(seq_col(batch.response_mask.sum(-1)).astype(np.int32)),
-        schema.COL_REWARD: pa.array(np.full(len(seq), np.nan, np.float32) if t.rewards is None
-                                    else seq_col(t.rewards.float()).astype(np.float32)),  # NaN: not known
-        schema.COL_ADVANTAGE: pa.array(seq_col(t.advantages.float()).astype(np.float32)),
         schema.COL_LOGP_ROLLOUT: pa.array(tok(batch.logp_rollout).astype(np.float32)),
-        schema.COL_LOGP_OLD: pa.array(tok(t.logp_old).astype(np.float32)),
-        schema.COL_LOGP_OLD_FREE: pa.array(tok(t.logp_old_free).astype(np.float32)),
-        schema.COL_LOGP_UPDATE: pa.array(tok(t.logp_update).astype(np.float32)),
-        schema.COL_LOGP_NEW: pa.array(tok(t.logp_new).astype(np.float32)),
         schema.COL_LOG_W: pa.array(tok(t.log_w).astype(np.float32)),
-        schema.COL_CLIPPED: pa.array(tok(t.clipped).astype(bool)),
+        **declared,
         **route_columns,
         schema.COL_MARGIN_OLD: per_layer(t.routes_old_free.margin),
         schema.COL_CONFIDENCE_OLD: per_layer(t.routes_old_free.confidence),
     }
+    ordered = [name for name in TABLE_ORDER if name in columns] + [name for name in columns if name not in TABLE_ORDER]
+    columns = {name: columns[name] for name in ordered}
     return with_route_layout(pa.table(columns), layout)

@@ -183,7 +183,7 @@ class Objective:
     """True when ``clip_low`` / ``clip_high`` bound the log-ratio (GMPO), so ``clip_low`` may exceed 1."""
     runtime_inputs: tuple[str, ...] = ()
     """Its own keyword arguments that the trainer computes for every call (tensors such as router log-probs; the
-    trainer's table of providers is ``moestab.train.step.RUNTIME_INPUTS``)."""
+    trainer's table of providers is ``moestab.train.step_update.RUNTIME_INPUTS``)."""
 
     inputs: tuple[str, ...] = field(init=False)
     """Its own keyword arguments (beyond ``COMMON_ARGUMENTS``), in the order of ``terms``' signature."""

@@ -30,7 +30,7 @@ TOKENS_DIR = "tokens"  # per-token Parquet tables, one file per step
 CHECKPOINTS_DIR = "checkpoints"  # Hugging Face folders step_XXXXXX/
 STATE_DIR = "state"  # optimizer / RNG state for --resume
 TENSORBOARD_DIR = "tensorboard"  # event files of --report-to tensorboard (W&B writes wandb/ beside it)
-LOCK_FILE = ".moestab.lock"  # held by the process writing the run (records/lock.py); absent when none is
+LOCK_FILE = ".moestab.lock"  # held by the process writing the run (run_folder/lock.py); absent when none is
 WANDB_DIR = "wandb"  # W&B's files of --report-to wandb
 TRACKER_FOLDERS = {"tensorboard": TENSORBOARD_DIR, "wandb": WANDB_DIR}
 """Trackers (``--report-to``) that write a folder of their own inside the run, and its name."""

@@ -72,6 +72,12 @@ def check_rollout_batch(batch: RolloutBatch, *, num_layers: int, top_k: int, num
     if not any(torch.equal(real, torch.cat([prompt_real, inputs], dim=1)) for inputs in (mask[:, :-1], mask[:, 1:])):
         raise ContractError("attention_mask must be the prompt's mask followed by response_mask[:, :-1] (a batch "
                             "that feeds a finished sequence's EOS) or response_mask[:, 1:] (one that never does)")
+    _check_routes(batch, num_layers=num_layers, top_k=top_k, num_experts=num_experts, gates=gates)
+
+
+def _check_routes(batch: RolloutBatch, *, num_layers: int, top_k: int, num_experts: int, gates: bool) -> None:
+    """The engine contract's rules on the batch's routes (:func:`check_rollout_batch`)."""
+    b, length = batch.input_ids.shape  # [B, L]
     routes = batch.routes
     if tuple(routes.indices.shape) != (b, length, num_layers, top_k):
         raise ContractError(f"routes are {tuple(routes.indices.shape)}, expected [B, L, layers, top_k] = "

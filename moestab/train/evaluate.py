@@ -8,6 +8,7 @@ import math
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moestab.metrics import keys
 from moestab.recording.batch import response_mask_from_tokens
 from moestab.tasks import Example, Task
 from moestab.train.distributed import World
@@ -54,6 +55,7 @@ def greedy_completions(
     return out
 
 
+@keys.computes(keys.EVAL_ACCURACY)
 def greedy_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,

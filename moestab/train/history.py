@@ -32,6 +32,7 @@ class SolvedPrompts:
         for ex, solved in zip(examples, all_right, strict=True):
             (self.prompts.add if solved else self.prompts.discard)(ex.prompt)
 
+    @keys.computes(keys.HISTORY_SKIPPED, keys.HISTORY_KEPT_SOLVED)
     def replace_solved(
         self, examples: list[Example], draw: Callable[[int], list[Example]]
     ) -> tuple[list[Example], dict[str, float]]:

@@ -63,7 +63,8 @@ from moestab.train.recipe import (
 from moestab.train.rollout import BaseRoutedEngine
 from moestab.train.route_bases import RouteBases, base_route_distance, build_route_bases
 from moestab.train.run_lifetime import NothingToLearnError, TrainingError, TrainRun
-from moestab.train.step import extra_examples, run_step, step_examples, step_seed
+from moestab.train.step import run_step
+from moestab.train.step_settings import extra_examples, step_examples, step_seed
 
 logger = logging.getLogger(__name__)
 """The run's notes when :func:`train` is given no ``log``."""
@@ -202,6 +203,17 @@ class _Policy:
     """What a checkpoint needs on disk: the weights and AdamW's two moments."""
 
 
+def _tokenizer(config: TrainConfig, base_path: str, model: PreTrainedModel) -> PreTrainedTokenizerBase:
+    """The base's tokenizer, refused when its ids overflow the model's vocabulary; padding with EOS if it has none."""
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    problem = tokenizer_overflow(model, tokenizer)
+    if problem:
+        raise TrainingError(f"model {config.model}: {problem}")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def _set_up(
     config: TrainConfig, task: Task, world: World, device: torch.device, folder: RunFolder, start_step: int,
     log: Callable[[str], None],
@@ -213,12 +225,7 @@ def _set_up(
     if start_step:  # before the run opens: a base changed since the run started is refused with run.json untouched
         _on_main(world, lambda: check_resumed_base(folder.info().warm_start, base_path, config))
     model = load_policy(str(folder.checkpoint_dir(start_step)) if start_step else base_path, dtype, device)
-    tokenizer = AutoTokenizer.from_pretrained(base_path)
-    problem = tokenizer_overflow(model, tokenizer)
-    if problem:
-        raise TrainingError(f"model {config.model}: {problem}")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = _tokenizer(config, base_path, model)
     ref_model = load_policy(base_path, dtype, device).eval().requires_grad_(False) if config.kl_coef > 0 else None
     bases = build_route_bases(config, folder, start_step, base_path, ref_model,
                               lambda path: load_policy(path, dtype, device))

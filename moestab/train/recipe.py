@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from moestab.configs import ConfigError, cache_root
 from moestab.models import build_embedded_policy, is_embedded, parse_model_spec
 from moestab.models.precision import float64_norms
+from moestab.recording.measurements import switched_on
 from moestab.routing import IncompatibleTransformersError, RoutingError, find_routers
 from moestab.routing.compat import check_generate_recording
 from moestab.run_folder.run_info import ModelInfo
@@ -24,7 +25,7 @@ from moestab.tasks import Task
 from moestab.train.config import TrainConfig
 from moestab.train.distributed import World
 from moestab.train.run_lifetime import TrainingError
-from moestab.train.step import StepSettings
+from moestab.train.step_settings import StepSettings
 from moestab.train.warm_start import WarmStartSpec, warm_start
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -185,7 +186,7 @@ def step_settings(config: TrainConfig, max_new_tokens: int) -> StepSettings:
         router_aux_loss_coef=config.router_aux_loss_coef,
         overlong_cache=config.overlong_cache_tokens(max_new_tokens),
         dynamic_sampling=config.dynamic_sampling if config.dynamic_sampling is not None else preset.dynamic_sampling,
-        dynamic_sampling_rounds=config.dynamic_sampling_rounds, routing_share=config.routing_share,
+        dynamic_sampling_rounds=config.dynamic_sampling_rounds, measure_switches=switched_on(config),
         replay_score_ratio=config.replay_score_ratio, route_integrity=config.route_integrity,
     )
 

@@ -89,6 +89,7 @@ def build_route_bases(
 
 
 @torch.no_grad()
+@keys.computes(keys.ROUTING_BASE_CHANGED, keys.ROUTING_BASE_CHANGED_BY_LAYER)
 def base_route_distance(base: PreTrainedModel, tensors: StepTensors, *, temperature: float,
                         chunk: int) -> dict[str, object]:
     """``routing/base_rollout/*``: the slot-level change between the routes ``base`` chooses for the step's tokens

@@ -29,7 +29,7 @@ from moestab.run_folder.writer import RunWriter
 from moestab.train.config import BEFORE_THE_SETTING, TrainConfig
 from moestab.train.distributed import World
 from moestab.train.interrupt import GracefulInterrupt
-from moestab.train.step import NonFiniteLossError
+from moestab.train.step_update import NonFiniteLossError
 
 
 class TrainingError(RuntimeError):

@@ -6,31 +6,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from transformers import PreTrainedModel
 
-from moestab import rl
 from moestab.recording.batch import RolloutBatch
-from moestab.recording.measurements import MeasureSetup, Scored, rng_devices
+from moestab.recording.measurements import Scored, rng_devices
 from moestab.routing import Routes
 from moestab.run_folder import schema
 from moestab.train.forward import chunked_policy_forward, measured_forward, policy_forward
-
-if TYPE_CHECKING:
-    from moestab.train.step import StepSettings
-
-
-def needs_router_logprobs(preset: rl.AlgorithmPreset) -> bool:
-    """Whether the objective reads the routers' log-probs (RSPO's router shift)."""
-    return any(name.startswith("router_logp") for name in preset.runtime_inputs)
-
-
-def measure_setup(s: StepSettings) -> MeasureSetup:
-    """What decides which measurements a step of settings ``s`` runs."""
-    return MeasureSetup(replay=s.replay, routing_share=s.routing_share,
-                        router_logprobs=needs_router_logprobs(s.preset))
+from moestab.train.step_settings import StepSettings
 
 
 class TrainForwards:
@@ -47,7 +31,7 @@ class TrainForwards:
     def free(self, measured: torch.Tensor | None, *, entropy: bool = False, router_stats: bool = False,
              router_logprobs: bool = False) -> Scored:
         """Free routing over the ``measured`` rows (None: every row); also the ratio's own pi_old forward
-        (:func:`moestab.train.step._old_policy`), so both are one function."""
+        (:func:`moestab.train.step_update.old_policy`), so both are one function."""
         kwargs = dict(temperature=self.settings.temperature, entropy=entropy, router_stats=router_stats,
                       router_logprobs=router_logprobs)
         f = (chunked_policy_forward(self.model, self.batch, self.chunks, **kwargs) if measured is None

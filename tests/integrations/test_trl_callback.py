@@ -30,7 +30,6 @@ from transformers import AutoModelForCausalLM
 from moestab.cli import main as cli_main
 from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.integrations.trl.capture import ForwardCapture
-from moestab.integrations.trl.cycle import match_rows
 from moestab.integrations.trl.settings import check_supported, cycle_layout
 from moestab.integrations.trl.stillness import NO_ROUTE_CHANGED, UNCHANGED, Stillness, stillness
 from moestab.metrics import keys
@@ -48,6 +47,7 @@ from tests.support.trl import (
     PROMPTS,
     TOP_K,
     grpo_args,
+    match_rows,
     moestab_hooks,
     readme_blocks,
     reward,

@@ -21,7 +21,6 @@ from transformers import AutoModelForCausalLM
 
 from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.integrations.trl import trainer as trl_trainer
-from moestab.integrations.trl.cycle import match_rows
 from moestab.metrics import keys
 from moestab.metrics.routing_share import routing_share
 from moestab.models import EmbeddedModelSpec, build_char_tokenizer, build_embedded_policy, tiny_config
@@ -29,7 +28,7 @@ from moestab.recording.trackers import PREFIX
 from moestab.routing import RoutingRecorder, RoutingReplay
 from moestab.run_folder import schema
 from moestab.run_folder.reader import list_token_files
-from tests.support.trl import LAYERS, PROMPTS, grpo_args, moestab_hooks, reward
+from tests.support.trl import LAYERS, PROMPTS, grpo_args, match_rows, moestab_hooks, reward
 
 SPEC = EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64)
 NEW = "routing_share/"

@@ -16,26 +16,29 @@ from moestab.metrics.keys import MetricKey
 from moestab.recording import step_metrics as recording
 from moestab.recording.step_records import metrics_line
 from moestab.run_folder import schema
+from moestab.train import key_owners as key_owners_module
 from moestab.train import train
+from moestab.train.key_owners import key_owners
 from tests.support.train import tiny_config
 
 KINDS = (keys.FLOAT, keys.INT, keys.PER_LAYER, keys.PER_MINIBATCH, keys.PER_LAYER_EXPERT)
 
 
-def test_every_row_is_well_formed_and_names_a_function_that_exists():
+def test_every_row_is_well_formed_and_has_one_function_marked_to_compute_it():
+    owners = key_owners()  # raises for a row with no owner or two
     for row in keys.TABLE:
-        assert callable(pkgutil.resolve_name(row.function)), row.function
         assert row.kind in KINDS and row.section in keys.SECTIONS and set(row.when) <= set(keys.CONDITIONS), row
         assert row.definition and "\n" not in row.definition, row
+        assert callable(pkgutil.resolve_name(owners[row.pattern])), owners[row.pattern]
         if row.computed:  # the recording layer calls it for every step
-            assert row.function.startswith("moestab.recording."), row
+            assert owners[row.pattern].startswith("moestab.recording.step_metrics."), row
     every = [key for row in keys.TABLE for key in row.keys]
     assert len(every) == len(set(every)) == len(keys.KEYS)
 
 
 def test_a_pattern_expands_over_its_values_and_neighbours_over_the_same_values_expand_together():
     def row(pattern: str, over: tuple[str, ...] = ()) -> MetricKey:
-        return MetricKey(pattern, keys.FLOAT, "f", "d", "progress", over=over)
+        return MetricKey(pattern, keys.FLOAT, "d", "progress", over=over)
 
     rows = [row("a/{p}/x", ("1", "2")), row("a/{p}/y", ("1", "2")), row("b"), row("c_{q}", ("u", "v")), row("d")]
     assert list(keys._expand(rows)) == ["a/1/x", "a/1/y", "a/2/x", "a/2/y", "b", "c_u", "c_v", "d"]
@@ -51,11 +54,15 @@ def test_a_key_the_table_does_not_declare_is_refused():
     assert list(line) == [keys.STEP, keys.REWARD_MEAN, keys.EVAL_ACCURACY]  # the table's order, not the caller's
 
 
-def test_every_computed_key_comes_from_the_function_its_row_names():
-    functions = dict(recording.metric_functions())
-    assert set(functions) == {row.function for row in keys.TABLE if row.computed}
-    rows = {path: {key for key, row in keys.KEYS.items() if row.function == path} for path in functions}
-    assert all(rows.values())  # every function is named by at least one row
+def test_every_computed_key_comes_from_the_function_marked_to_compute_it():
+    owners = key_owners()
+    marked = {keys.owner_name(f) for f in recording.STEP_METRICS}
+    assert marked == {owners[row.pattern] for row in keys.TABLE if row.computed}
+    assert all(keys.owned_keys(f) for f in recording.STEP_METRICS)  # every function computes at least one row
+    with pytest.MonkeyPatch.context() as patch:  # a function left out of the list: its rows have no owner
+        patch.setattr(key_owners_module, "STEP_METRICS", recording.STEP_METRICS[1:])
+        with pytest.raises(ValueError, match=r"\['reward/mean', 'reward/std', 'accuracy'\]: no function is marked"):
+            key_owners_module.key_owners()
 
 
 RUNS = {
@@ -83,33 +90,41 @@ def test_a_real_run_writes_exactly_the_tables_keys_for_its_settings(name, tmp_pa
     assert len(keys.written_keys(keys.MOESTAB_TRAIN)) < len(lines[-1])  # the conditions above added keys
 
 
-def test_adding_a_metric_is_one_function_and_one_row(monkeypatch):
+def test_adding_a_metric_is_one_marked_function_and_one_row(monkeypatch):
     from moestab.train.rollout import HFRolloutEngine
     from tests.support.train import one_grpo_step
 
     *_, tensors = one_grpo_step("off", HFRolloutEngine)
     before = recording.step_metrics(tensors, replay="off")
 
-    def eos_frac(v: recording.StepView) -> dict[str, float]:  # the function ...
+    @keys.computes("response/eos_frac")  # the function, marked with the row it computes ...
+    def eos_frac(v: recording.StepView) -> dict[str, float]:
         return {"response/eos_frac": v.tensors.batch.response_mask[:, -1].logical_not().float().mean().item()}
 
-    row = MetricKey("response/eos_frac", keys.FLOAT, f"{recording.__name__}.eos_frac",  # ... and its row
-                    "share of responses that ended before the token budget", "progress")
-    monkeypatch.setattr(recording, "eos_frac", eos_frac, raising=False)
+    row = MetricKey("response/eos_frac", keys.FLOAT, "share of responses that ended before the token budget",
+                    "progress")  # ... its row ...
     at = [r.pattern for r in keys.TABLE].index(keys.RESPONSE_LENGTH_MAX) + 1
     table = [*keys.TABLE[:at], row, *keys.TABLE[at:]]  # declared after response/length_max
     monkeypatch.setattr(keys, "TABLE", table)
     monkeypatch.setattr(keys, "KEYS", keys._expand(table))
-    recording.metric_functions.cache_clear()
-    try:
-        after = recording.step_metrics(tensors, replay="off")
-    finally:
-        recording.metric_functions.cache_clear()
+    monkeypatch.setattr(recording, "STEP_METRICS", (*recording.STEP_METRICS, eos_frac))  # ... and its place here
+    monkeypatch.setattr(key_owners_module, "STEP_METRICS", recording.STEP_METRICS)
+    after = recording.step_metrics(tensors, replay="off")
     order = list(after)
     assert order[order.index(keys.RESPONSE_LENGTH_MAX) + 1] == "response/eos_frac"  # written where it is declared
     assert 0 < after.pop("response/eos_frac") < 1
     assert json.dumps(after) == json.dumps(before)  # every other key and value as before
-    assert "`response/eos_frac`" in keys.markdown()  # and the docs list it once regenerated
+    reference = keys.markdown(key_owners_module.key_owners())  # the docs list it, with its function, once regenerated
+    assert "`response/eos_frac`" in reference and "test_adding_a_metric_is_one_marked_function_and_one_row.<locals>" \
+        ".eos_frac" in reference
+
+    @keys.computes(keys.REWARD_MEAN)  # a function returning a key it is not marked for is refused
+    def stray(v: recording.StepView) -> dict[str, float]:
+        return {"response/eos_frac": 0.5}
+
+    monkeypatch.setattr(recording, "STEP_METRICS", (*recording.STEP_METRICS, stray))
+    with pytest.raises(ValueError, match=r"stray returned \['response/eos_frac'\], which it is not marked"):
+        recording.step_metrics(tensors, replay="off")
 
 
 @pytest.mark.parametrize("algo", sorted(rl.PRESETS))

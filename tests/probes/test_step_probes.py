@@ -27,7 +27,8 @@ from moestab.tasks import task_from_spec
 from moestab.train import train
 from moestab.train.optim import build_optimizer
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, run_step, step_examples, step_seed
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings, step_examples, step_seed
 from tests.support.train import REWARD, TASK, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]

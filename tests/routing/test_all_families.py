@@ -191,7 +191,7 @@ def test_every_family_builds_as_the_embedded_policy(family):
 @pytest.mark.parametrize("family", ALL)
 def test_family_replays_exactly_in_bfloat16_with_selection_biases(family):
     # Production dtype, and non-zero correction biases (zero at initialisation, so float64 tests barely use them).
-    from moestab.models.conformance import randomise_selection_biases
+    from tests.support.models import randomise_selection_biases
 
     model = tiny_model(family, dtype=torch.bfloat16)
     randomise_selection_biases(model)

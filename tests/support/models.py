@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 
 def damaged_model(tmp: Path, how: str) -> str:
@@ -30,3 +31,12 @@ def damaged_model(tmp: Path, how: str) -> str:
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     return str(folder)
 
+
+def randomise_selection_biases(model: PreTrainedModel, seed: int = 0) -> None:
+    """Fill every expert-selection correction bias (zero at initialisation) with small random values, so that tests
+    exercise how each family adds it."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith(("e_score_correction_bias", "expert_bias")):
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) * 0.1)

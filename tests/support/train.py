@@ -14,7 +14,8 @@ from moestab.configs import build_config
 from moestab.models import build_embedded_policy
 from moestab.tasks import task_from_spec
 from moestab.train import TrainConfig
-from moestab.train.step import StepSettings, run_step
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings
 
 REWARD = Path(__file__).with_name("rewards.py")
 TASK = f"arithmetic:reward={REWARD}:length_parity"

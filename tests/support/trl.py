@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import torch
     from trl import GRPOConfig
 
 PROMPTS = ["12+34=", "5+7=", "40+2=", "9+9=", "31+11=", "3+4=", "8+1=", "20+20="]
@@ -65,3 +68,12 @@ def run_snippet(root: Path, model, tokenizer, reward_funcs=reward, dataset=None,
            "args": grpo_args(root / "trl", **overrides)}
     exec(readme_snippet(), env)
     return env["trainer"]
+
+
+def match_rows(pool: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """For each row of each part ``[b, L]``, the row of ``pool`` ``[N, L]`` holding the same tokens
+    (moestab's ``RowMatcher``, in the parts' order)."""
+    from moestab.integrations.trl.cycle import RowMatcher  # TRL's integration: imported where used
+
+    matcher = RowMatcher(pool)
+    return [matcher.match(part) for part in parts]

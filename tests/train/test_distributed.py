@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from moestab.configs import ConfigError, config_to_dict
+from moestab.recording import measurements
 from moestab.run_folder import schema
 from moestab.run_folder.reader import load_metrics, load_tokens, read_routes
 from moestab.run_folder.run_info import read_run_info
@@ -30,6 +31,8 @@ from moestab.train import train
 from moestab.train.distributed import World, local_chunks
 from moestab.train.launch import torchrun_command
 from tests.support.distributed_engines import PerPromptEngine
+from tests.support.measurements import COLUMN
+from tests.support.measurements import add as add_measurement
 from tests.support.train import tiny_config
 
 WORKER = Path(__file__).parents[1] / "support" / "dist_worker.py"
@@ -38,9 +41,10 @@ WORKER = Path(__file__).parents[1] / "support" / "dist_worker.py"
 TIMES = ("time/step_s", "time/rollout_s", "time/update_s")
 
 
-def _torchrun(config, engine: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _torchrun(config, engine: str, timeout: float = 300, measurement: str | None = None
+              ) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER),
-               json.dumps(config_to_dict(config)), engine]
+               json.dumps(config_to_dict(config)), engine, *([measurement] if measurement else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
@@ -243,3 +247,21 @@ def test_torchrun_command_runs_this_interpreter_on_one_machine(tmp_path):
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--standalone" in command and "--nproc-per-node=4" in command
     assert command[-5:] == ["-m", "moestab", "train", "--config", str(tmp_path / "c.yaml")]
+
+
+@pytest.mark.slow
+def test_a_measurement_s_own_column_survives_two_processes(tmp_path, cache_dir):
+    """tests/support/measurements.py's column-filling measurement, added in both processes (issue 56.1)."""
+    settings = {"steps": 1, "dtype": "float64", "max_zero_advantage_steps": 0}
+    one = tiny_config(tmp_path / "one", cache_dir, **settings)
+    two = tiny_config(tmp_path / "two", cache_dir, nproc=2, **settings)
+    done = _torchrun(two, "per-prompt", measurement="logp-new-again")
+    assert done.returncode == 0, done.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(measurements, "MEASUREMENTS", add_measurement("logp-new-again"))
+        train(one, rollout_engine=PerPromptEngine, log=lambda _: None)
+    t1 = load_tokens(one.out, columns=[schema.COL_LOGP_NEW, COLUMN])
+    t2 = load_tokens(two.out, columns=[schema.COL_LOGP_NEW, COLUMN])
+    assert len(t1) == len(t2) > 0 and t2[COLUMN].equals(t2[schema.COL_LOGP_NEW])
+    np.testing.assert_allclose(t2[COLUMN].to_numpy(float), t1[COLUMN].to_numpy(float), rtol=TOLERANCE["rel"],
+                               atol=TABLE_ATOL)

@@ -10,7 +10,8 @@ from moestab import rl
 from moestab.models import build_embedded_policy
 from moestab.tasks import task_from_spec
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, run_step
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings
 from tests.support.train import REWARD
 
 TASK = f"arithmetic:reward={REWARD}:low_first_digit_is_free"

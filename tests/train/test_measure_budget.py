@@ -28,6 +28,8 @@ from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
 from tests.support.train import one_grpo_step, tiny_config
 
+SHARE = frozenset({"routing_share"})  # the measurement switch of routing's share (RoutingShare.switch)
+
 CHANGED = keys.ROUTING_CHANGED.format(pair="old_new")
 
 
@@ -112,8 +114,8 @@ FREE_OLD_PREFIXES = ("routing/rollout_old_free/", "mismatch/rollout_old_free/", 
 @pytest.mark.parametrize("replay", ["off", "rollout"])
 def test_a_sampled_step_is_the_full_step_on_its_rows(replay):
     measured = MeasureBudget(fraction=0.5).rows(step=1, batch_size=16, group_size=4, seed=3)  # 2 of 4 groups
-    _, model_full, m_full, t_full = one_grpo_step(replay, _engine(replay), routing_share=True)
-    _, model_part, m_part, t_part = one_grpo_step(replay, _engine(replay), measured=measured, routing_share=True)
+    _, model_full, m_full, t_full = one_grpo_step(replay, _engine(replay), measure_switches=SHARE)
+    _, model_part, m_part, t_part = one_grpo_step(replay, _engine(replay), measured=measured, measure_switches=SHARE)
     for (name, p_full), p_part in zip(model_full.named_parameters(), model_part.parameters(), strict=True):
         assert torch.equal(p_full, p_part), name
     sampled = SAMPLED_PREFIXES + (FREE_OLD_PREFIXES if replay == "rollout" else ())

@@ -1,4 +1,5 @@
-"""A new measurement is one class plus its key row, and both trainers run it (issue 42.2).
+"""A new measurement is one class plus its key row, and both trainers run it (issue 42.2); one that fills a token-table
+column of its own is its class and its field declaration, and both trainers write the column (issue 56.1).
 
 The measurement added here scores pi_new once more (its own forward, at the step's ``after_step``) and reports the
 mean log-prob of the response tokens it scored. Its value is checked against a second path: the ``logp_new`` column
@@ -21,6 +22,8 @@ from moestab.recording import measurements
 from moestab.run_folder import schema
 from moestab.run_folder.reader import load_metrics, load_tokens
 from moestab.train import train
+from tests.support.measurements import COLUMN as OWN_COLUMN
+from tests.support.measurements import add as add_measurement
 from tests.support.train import tiny_config
 
 KEY = "test/pi_new_logp_mean"
@@ -72,8 +75,7 @@ class HookLog(measurements.Measurement):
 @pytest.fixture
 def added(monkeypatch):
     """The measurement and its key row, added where a contributor would add them."""
-    row = keys.MetricKey(KEY, keys.FLOAT, f"{__name__}.PiNewLogpMean", "pi_new's mean response log-prob", "progress",
-                         computed=False)
+    row = keys.MetricKey(KEY, keys.FLOAT, "pi_new's mean response log-prob", "progress", computed=False)
     monkeypatch.setattr(keys, "KEYS", {**keys.KEYS, KEY: row})
     monkeypatch.setattr(measurements, "MEASUREMENTS", (*measurements.MEASUREMENTS, PiNewLogpMean, HookLog))
     monkeypatch.setattr(HookLog, "calls", [], raising=False)
@@ -146,3 +148,43 @@ def test_a_measurement_reporting_an_undeclared_key_is_refused(monkeypatch):
     stray.value = 0.0
     with pytest.raises(ValueError, match=r"Stray reported .*test/pi_new_logp_mean.* not among its declared keys"):
         measurements.measured_metrics([stray])
+
+
+# ---- a measurement that fills a token-table column of its own (issue 56.1) -----------------------------------------
+
+
+@pytest.fixture
+def with_column(monkeypatch):
+    """tests/support/measurements.py's ``LogpNewAgain``: its class and its field declaration, nothing else."""
+    monkeypatch.setattr(measurements, "MEASUREMENTS", add_measurement("logp-new-again"))
+
+
+def check_own_column(run) -> None:
+    """The measurement's column holds pi_new's log-probs as ``NewPolicy``'s ``logp_new`` (the same forward)."""
+    tokens = load_tokens(run, columns=[schema.COL_STEP, schema.COL_LOGP_NEW, OWN_COLUMN])
+    assert len(tokens) and tokens[schema.COL_LOGP_NEW].notna().any()
+    assert tokens[OWN_COLUMN].equals(tokens[schema.COL_LOGP_NEW])
+
+
+@pytest.mark.parametrize("measure_fraction", [1.0, 0.5])  # 0.5: a budget's sample of the rows, scored by both
+def test_moestab_train_writes_a_measurement_s_own_column(with_column, tmp_path, cache_dir, measure_fraction):
+    train(tiny_config(tmp_path / "run", cache_dir, steps=1, measure_fraction=measure_fraction))
+    check_own_column(tmp_path / "run")
+
+
+def test_the_trl_integration_writes_a_measurement_s_own_column(with_column, tmp_path):
+    pytest.importorskip("trl")
+    from datasets import Dataset  # TRL's own dependency
+
+    from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
+    from moestab.models import EmbeddedModelSpec, build_embedded_policy
+    from tests.support.trl import LAYERS, PROMPTS, grpo_args, reward
+
+    torch.manual_seed(0)
+    model, tokenizer = build_embedded_policy(EmbeddedModelSpec(num_layers=LAYERS, hidden_size=64))
+    trainer = MoestabGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward,
+                                 train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                                 args=grpo_args(tmp_path / "trl", max_steps=2),
+                                 moestab=RecordSettings(tmp_path / "run"))
+    trainer.train()
+    check_own_column(tmp_path / "run")

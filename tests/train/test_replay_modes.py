@@ -13,7 +13,8 @@ from moestab.run_folder.schema import GATE_REPLAY_MODES
 from moestab.tasks import task_from_spec
 from moestab.train.forward import policy_forward
 from moestab.train.rollout import HFRolloutEngine
-from moestab.train.step import StepSettings, run_step
+from moestab.train.step import run_step
+from moestab.train.step_settings import StepSettings
 from tests.support.train import TASK, one_grpo_step
 
 
@@ -69,7 +70,7 @@ def test_r2_updates_replay_the_trainers_old_routes_not_the_rollouts():
 
 
 def test_minibatches_that_do_not_divide_the_batch_are_refused_before_the_rollout():
-    from moestab.train.step import minibatch_rows
+    from moestab.train.step_settings import minibatch_rows
 
     with pytest.raises(ValueError, match=r"minibatches=5 does not divide the rollout batch of 32 sequences; valid: "
                                          r"1, 2, 4, 8, 16, 32"):
@@ -125,7 +126,7 @@ def test_every_input_an_objective_declares_has_a_provider_in_the_step():
     from dataclasses import replace
 
     from moestab.rl.aggregation import AGGREGATION_INPUTS
-    from moestab.train.step import RUNTIME_INPUTS
+    from moestab.train.step_update import RUNTIME_INPUTS
 
     declared = set()
     for preset in rl.PRESETS.values():

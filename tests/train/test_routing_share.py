@@ -18,6 +18,8 @@ from moestab.train import train
 from moestab.train.rollout import HFRolloutEngine
 from tests.support.train import one_grpo_step, tiny_config
 
+SHARE = frozenset({"routing_share"})  # the measurement switch of routing's share (RoutingShare.switch)
+
 NEW = "routing_share/"
 SCRIPTS = Path(__file__).parents[2] / "scripts"
 
@@ -42,7 +44,7 @@ def _others(metrics: dict) -> dict:
 @pytest.mark.parametrize("replay", ["off", "old", "rollout-gates"])
 def test_the_extra_forward_changes_neither_the_weights_nor_another_metric(replay):
     _, model_off, metrics_off, t_off = one_grpo_step(replay, _engine(replay))
-    _, model_on, metrics_on, t_on = one_grpo_step(replay, _engine(replay), routing_share=True)
+    _, model_on, metrics_on, t_on = one_grpo_step(replay, _engine(replay), measure_switches=SHARE)
     assert not any(k.startswith(NEW) for k in metrics_off)
     assert keys.ROUTING_SHARE_VAR in metrics_on
     assert json.dumps(_others(metrics_on)) == json.dumps(_others(metrics_off))  # bit for bit, NaNs included
@@ -73,7 +75,7 @@ def test_a_tiny_run_with_the_flag_is_the_same_run_but_for_the_new_keys(tmp_path,
 
 @pytest.mark.parametrize(("replay", "side"), [("old", "replayed"), ("rollout", "replayed"), ("off", "free")])
 def test_the_update_forwards_side_is_the_logged_ratio(replay, side):
-    _, _, m, t = one_grpo_step(replay, HFRolloutEngine, routing_share=True)
+    _, _, m, t = one_grpo_step(replay, HFRolloutEngine, measure_switches=SHARE)
     assert m[f"{NEW}log_var_{side}"] == m[keys.RATIO_TOKEN_LOG_VAR] > 0  # the same computation on the same tokens
     assert m[f"{NEW}clip_frac_{side}"] == m[keys.CLIP_TOKEN_FRAC]
     log_w = t.tokens(t.logp_update - t.logp_old).double()
@@ -86,11 +88,11 @@ def test_the_update_forwards_side_is_the_logged_ratio(replay, side):
 def test_the_share_is_zero_when_the_weights_are_pi_olds(replay):
     # One minibatch: the update forward runs on pi_old's weights, so pi_old's routes are the free ones and both
     # log-ratios are exactly 0 (the step runs every forward in the same chunks).
-    _, _, m, t = one_grpo_step(replay, HFRolloutEngine, minibatches=1, routing_share=True)
+    _, _, m, t = one_grpo_step(replay, HFRolloutEngine, minibatches=1, measure_switches=SHARE)
     assert m[keys.ROUTING_SHARE_VAR] == 0.0
     assert m[keys.ROUTING_SHARE_LOG_VAR_FREE] == m[keys.ROUTING_SHARE_LOG_VAR_REPLAYED] == 0.0
     assert torch.equal(t.logp_update_counterfactual, t.logp_update)
     # with two, the first minibatch (pi_old's weights) still shows none
-    _, _, m2, _ = one_grpo_step(replay, HFRolloutEngine, routing_share=True)
+    _, _, m2, _ = one_grpo_step(replay, HFRolloutEngine, measure_switches=SHARE)
     assert m2[keys.ROUTING_SHARE_BY_MINIBATCH.format(stat="var_share")][0] == 0.0
     assert m2[keys.ROUTING_SHARE_BY_MINIBATCH.format(stat="log_var_free")][1] > 0

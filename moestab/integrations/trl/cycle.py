@@ -79,13 +79,6 @@ class RowMatcher:
         return torch.tensor(rows, dtype=torch.long)
 
 
-def match_rows(pool: torch.Tensor, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """For each row of each part ``[b, L]``, the row of ``pool`` ``[N, L]`` holding the same tokens
-    (:class:`RowMatcher`, in the parts' order)."""
-    matcher = RowMatcher(pool)
-    return [matcher.match(part) for part in parts]
-
-
 def _inverse(rows: Sequence[torch.Tensor], n: int) -> torch.Tensor:
     """``[n]``: where each pool row sits in ``cat(rows)``; raises unless ``cat(rows)`` is a permutation of ``n``."""
     order = torch.cat(list(rows))  # [n]
@@ -264,7 +257,7 @@ def assemble(
         prompt_len=prompt_len,
         completions=decode(completion),  # TRL pads after the first EOS; decode drops special tokens
     )
-    return StepTensors(
+    return StepTensors.of(dict(
         batch=batch,
         examples=_examples(pool[:, :prompt_len], group_size, decode),
         rewards=None,  # not in TRL's micro-batches (only the advantages are): no reward/* key, NaN in the tables
@@ -282,7 +275,7 @@ def assemble(
         **{k: v for m in measures for k, v in m.filled().items()},  # pi_new; with routing_share, the replayed side
         measured=measured,
         sampled=sampled_columns(measures, measured),
-    )
+    ))
 
 
 def pi_old_routes(cycle: CycleRecord, layout: CycleLayout, rows: torch.Tensor, positions: int) -> Routes:

@@ -45,6 +45,7 @@ from moestab.recording.measurements import (
     measured_metrics,
     rng_devices,
     step_measurements,
+    switched_on,
     updates_watched,
 )
 from moestab.recording.step_metrics import step_metrics
@@ -107,7 +108,7 @@ class TrlRecords:
             if getattr(trainer, name, None):
                 raise ValueError(f"moestab cannot record this GRPOTrainer run: {name} is set ({why})")
         self.trainer, self.settings = trainer, settings
-        self.setup = MeasureSetup(replay="off", routing_share=settings.routing_share)  # TRL replays no routes
+        self.setup = MeasureSetup(replay="off", switched_on=switched_on(settings))  # TRL replays no routes
         self.layout, self.clip = cycle_layout(args), clip_rule(args)
         # The rollout's log-probs are the sampling distribution's: TRL's generation config (generation_kwargs
         # included), which may differ from the temperature its trainer side scores at.
