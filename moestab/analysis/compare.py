@@ -221,6 +221,28 @@ def ema(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
+DRAWN_STEPS = 2000
+"""Most steps a chart draws per run: a browser (and Streamlit's message) holds a few thousand points a line well, not
+the ~150,000 steps of a 1 GB metrics.jsonl. Longer curves are thinned by :func:`thin`."""
+
+
+def thin(curves: pd.DataFrame, max_steps: int = DRAWN_STEPS) -> tuple[pd.DataFrame, int]:
+    """:func:`curves`'s frame for drawing: when it holds more than ``max_steps`` distinct steps, steps are binned
+    ``width`` at a time on one grid for every run (from the first step), each run's values averaged over a bin (NaN
+    left out) and labelled by the bin's first step, so runs still align on step; ``(frame, width)``, ``width`` 1 and
+    the frame unchanged when nothing was binned. The means over step windows are taken on the unthinned curves."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    steps = curves["step"]
+    if not len(curves) or steps.nunique() <= max_steps:
+        return curves, 1
+    first, last = int(steps.min()), int(steps.max())
+    width = -(-(last - first + 1) // max_steps)  # ceil
+    binned = curves.assign(step=first + (steps - first) // width * width)
+    # Runs in their order, steps ascending within each (as curves() stacks them): groups kept in that order.
+    return binned.groupby(["run", "step"], as_index=False, sort=False)["value"].mean(), width
+
+
 def smooth(curves: pd.DataFrame, weight: float) -> pd.DataFrame:
     """:func:`curves`'s frame, rows in the same order, with each run's values replaced by their :func:`ema` in step
     order (``weight`` 0: a copy). Smoothing comes before the mean over seeds, so a group's band is the spread of its

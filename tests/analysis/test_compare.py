@@ -31,6 +31,7 @@ from moestab.analysis.compare import (
     smooth,
     step_domain,
     style_fields,
+    thin,
     varying_fields,
 )
 from moestab.metrics import keys
@@ -220,3 +221,23 @@ def test_step_domain() -> None:
     assert step_domain([pd.DataFrame({"step": [3, 5]}), pd.DataFrame({"step": [0, 2]}), pd.DataFrame({"step": []})]) \
         == (0, 5)
     assert step_domain([pd.DataFrame({"step": []})]) is None
+
+
+def test_thin_bins_long_curves_on_one_grid_and_leaves_short_ones() -> None:
+    short = pd.DataFrame({"run": ["a"] * 3, "step": [1, 2, 3], "value": [0.1, 0.2, 0.3]})
+    same, width = thin(short, max_steps=3)
+    assert width == 1 and same is short
+    steps = np.arange(1, 10_001)
+    long = pd.concat([pd.DataFrame({"run": "a", "step": steps, "value": steps.astype(float)}),
+                      pd.DataFrame({"run": "b", "step": steps[::2], "value": np.where(steps[::2] == 3, np.nan, 1.0)})],
+                     ignore_index=True)
+    thinned, width = thin(long, max_steps=2000)
+    assert width == 5 and thinned["step"].nunique() == 2000
+    a = thinned[thinned["run"] == "a"].set_index("step")["value"]
+    assert a.loc[1] == np.mean([1, 2, 3, 4, 5]) and a.loc[9996] == np.mean(np.arange(9996, 10_001))  # bin means
+    b = thinned[thinned["run"] == "b"].set_index("step")["value"]
+    assert list(b.index[:2]) == [1, 6] and b.loc[1] == 1.0  # steps 1 and 5 (3 is NaN: left out), on a's grid
+    assert list(dict.fromkeys(thinned["run"])) == ["a", "b"]
+    assert thinned.groupby("run")["step"].is_monotonic_increasing.all()
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        thin(long, max_steps=0)

@@ -13,6 +13,7 @@ import streamlit as st
 from moestab.analysis.compare import (
     ABSENT,
     DEFAULT_KEYS,
+    DRAWN_STEPS,
     SEED_FIELD,
     aggregate,
     common_steps,
@@ -32,6 +33,7 @@ from moestab.analysis.compare import (
     step_domain,
     step_ranges,
     style_fields,
+    thin,
     varying_fields,
     window_means,
 )
@@ -219,7 +221,12 @@ elif chosen:
 
 if not chosen:
     st.info("Choose metrics to draw in the box above (type part of a key to search).", icon=":material/search:")
-shown = {key: smooth(curves(frames, key, starts if key == keys.EVAL_ACCURACY else None), weight) for key in chosen}
+shown, widths = {}, {}
+for key in chosen:  # smoothed on every step, then thinned for drawing (DRAWN_STEPS a run at most)
+    shown[key], widths[key] = thin(smooth(curves(frames, key, starts if key == keys.EVAL_ACCURACY else None), weight))
+if any(width > 1 for width in widths.values()):
+    st.caption(f"Runs longer than {DRAWN_STEPS:,} steps are drawn thinned: each point is the mean of "
+               f"{max(widths.values()):,} consecutive steps (the means above use every step).")
 domain = step_domain(shown.values())
 for cell, (key, data) in zip(ui.grid(len(shown), per_row=3), shown.items(), strict=True):
     with cell:

@@ -3,6 +3,7 @@
 import pandas as pd
 import streamlit as st
 
+from moestab.analysis.compare import DRAWN_STEPS, thin
 from moestab.analysis.dashboard_data import metric_curve, stack_runs
 from moestab.analysis.labels import is_percent
 from moestab.dashboard.kit import charts, loaders, ui
@@ -57,13 +58,15 @@ if frames and curves:
     cells = ui.grid(len(curves), per_row=3)
     for cell, (key, title, ylabel) in zip(cells, curves, strict=True):
         start = start_accuracy if key == keys.EVAL_ACCURACY else {}
-        data = stack_runs({label: metric_curve(frame, key, start.get(label))
-                           for label, frame in frames.items() if key in frame})
+        data, width = thin(stack_runs({label: metric_curve(frame, key, start.get(label))
+                                       for label, frame in frames.items() if key in frame}))
         chart = charts.lines(data, "step", "value", title=title, xlabel="training step", ylabel=ylabel,
                              colors=colors, integer_x=True, points=key == keys.EVAL_ACCURACY or None,
                              percent=is_percent(key))
         with cell:
             charts.show(chart, data, f"{title} against step", value="value")
+            if width > 1:
+                st.caption(f"Over {DRAWN_STEPS:,} steps: each point is the mean of {width:,} consecutive steps.")
     with st.expander("Raw metrics (the keys drawn above; the Compare page draws any key)"):
         for label, frame in frames.items():
             st.markdown(f"**{label}**")
