@@ -140,13 +140,18 @@ class RunIndex:
 
     def put(self, path: str, fingerprint: Fingerprint, entry: Entry) -> None:
         """Keep ``entry`` for ``path`` at ``fingerprint`` (replacing what was kept for the path)."""
-        row = (str(Path(path).absolute()), json.dumps(fingerprint), self._version, _encode(entry))
+        self.put_many([(path, fingerprint, entry)])
+
+    def put_many(self, entries: list[tuple[str, Fingerprint, Entry]]) -> None:
+        """Keep each ``(path, fingerprint, entry)``, in one transaction (one write to disk, not one a run)."""
+        rows = [(str(Path(path).absolute()), json.dumps(fp), self._version, _encode(entry))
+                for path, fp, entry in entries]
         with self._lock:
             try:
                 with self._db:
-                    self._db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?)", row)
-            except sqlite3.OperationalError as exc:  # locked past the timeout, disk full: the entry is recomputed
-                self.note = f"the run index could not keep an entry ({exc}); that run is read again next time"
+                    self._db.executemany("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?)", rows)
+            except sqlite3.OperationalError as exc:  # locked past the timeout, disk full: the entries are recomputed
+                self.note = f"the run index could not keep {len(rows)} entries ({exc}); those runs are read again"
 
 
 @dataclass(frozen=True)
@@ -170,10 +175,12 @@ def read_within(index: RunIndex, runs: Mapping[str, Fingerprint], compute: Calla
     entries = index.known(runs)
     start = clock()
     pending = [path for path in runs if path not in entries]
-    for done, path in enumerate(pending):
+    done: list[tuple[str, Fingerprint, Entry]] = []
+    for path in pending:
         if budget_s is not None and (budget_s <= 0 or (done and clock() - start >= budget_s)):
-            return IndexRead(entries, tuple(pending[done:]), done)
-        entry = compute(path)
-        index.put(path, runs[path], entry)
-        entries[path] = entry
-    return IndexRead(entries, (), len(pending))
+            break
+        done.append((path, runs[path], compute(path)))
+    if done:
+        index.put_many(done)  # the call's reads kept together
+    entries.update({path: entry for path, _, entry in done})
+    return IndexRead(entries, tuple(pending[len(done):]), len(done))

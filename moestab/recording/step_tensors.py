@@ -5,7 +5,6 @@ its own declares it (``Measurement.declares``) and the same code carries it (:at
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -181,11 +180,3 @@ def measurement_fields() -> tuple[StepField, ...]:
 def step_fields() -> tuple[StepField, ...]:
     """Every field of a step's record: :data:`STEP_FIELDS` and those the measurements declare."""
     return STEP_FIELDS + measurement_fields()
-
-
-def field_named(name: str, declared: Iterable[StepField] | None = None) -> StepField:
-    """The declared field ``name`` (``KeyError`` naming the declared ones)."""
-    found = {f.name: f for f in (step_fields() if declared is None else declared)}
-    if name not in found:
-        raise KeyError(f"no step field {name!r}; declared: {sorted(found)}")
-    return found[name]
