@@ -396,7 +396,7 @@ def step_metrics(
     computed_measured = [key for key in measured if key in keys.KEYS and keys.KEYS[key].computed]
     if computed_measured:
         raise ValueError(f"{computed_measured} are computed by the recording layer, not measured by the trainer")
-    view = StepView(t, replay=replay, updates=updates)
+    view = StepView(t.to("cpu"), replay=replay, updates=updates)  # host-side work; a no-op for a host record
     values: dict[str, object] = dict(measured)
     for function in STEP_METRICS:
         out = function(view)

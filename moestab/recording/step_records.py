@@ -31,6 +31,7 @@ def write_step_tokens(
     """Write the per-token table of ``step``: the sequences :func:`~moestab.recording.token_table.record_rows` draws
     with ``seed`` (all of them at ``record_fraction`` 1) among those the measurement budget scored (every one
     without a budget: ``t.measured``), route columns on the routes' layer positions ``layer_slots``."""
+    t = t.to("cpu")  # a no-op for a host record (moestab train's); a trainer's record may still be on its GPU
     pool = torch.arange(t.batch.batch_size) if t.measured is None else torch.nonzero(t.measured).flatten()  # [n]
     if not len(pool):
         return

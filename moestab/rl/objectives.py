@@ -100,6 +100,8 @@ class LossInputs:
     ) -> LossInputs:
         """The common arguments of a registered loss checked (``ValueError`` / ``UnknownNameError`` saying what
         is expected) and converted; ``declared`` supplies the levels the objective supports and its clip space."""
+        if isinstance(logp, torch.Tensor):
+            _check_devices(logp, ref_logp=ref_logp)
         tensors = _tensors(logp, old_logp, advantages, mask)
         if level not in declared.levels:
             raise UnknownNameError(f"level for loss {declared.name!r}", level, declared.levels)
@@ -294,11 +296,21 @@ def _check_finite_on(x: torch.Tensor, where: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} has NaN or inf values on response tokens")
 
 
+def _check_devices(logp: torch.Tensor, **others: torch.Tensor | None) -> None:
+    """Every tensor of a loss on logp's device: a trainer that keeps one on the host (rewards, advantages) gets this
+    error instead of torch's indexing error from deep inside the loss."""
+    wrong = {name: t.device for name, t in others.items() if isinstance(t, torch.Tensor) and t.device != logp.device}
+    if wrong:
+        listed = ", ".join(f"{name} on {device}" for name, device in wrong.items())
+        raise ValueError(f"every tensor of a loss must be on logp's device ({logp.device}); got {listed}")
+
+
 def _tensors(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> _Tensors:
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2 or not logp.is_floating_point():
         shape = tuple(logp.shape) if isinstance(logp, torch.Tensor) else type(logp).__name__
         raise ValueError(f"logp must be a floating [batch, seq] tensor, got {shape}")
     dtype = torch.promote_types(logp.dtype, torch.float32)
+    _check_devices(logp, old_logp=old_logp, advantages=advantages, mask=mask)
     if tuple(old_logp.shape) != tuple(logp.shape):
         raise ValueError(f"old_logp has shape {tuple(old_logp.shape)}; expected {tuple(logp.shape)} (that of logp)")
     mask = as_bool_mask(mask, logp.shape)

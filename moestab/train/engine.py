@@ -38,6 +38,7 @@ class ContractError(AssertionError):
 def check_rollout_batch(batch: RolloutBatch, *, num_layers: int, top_k: int, num_experts: int,
                         eos_token_id: int, gates: bool = False) -> None:
     """Raise ``ContractError`` naming the first broken rule of the engine contract."""
+    batch = batch.to("cpu")  # the rules hold wherever the engine put its tensors
     b, length = batch.input_ids.shape  # [B, L]
     t = batch.targets.shape[1]  # [B, T]
     p = batch.prompt_len

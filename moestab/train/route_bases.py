@@ -96,11 +96,12 @@ def base_route_distance(base: PreTrainedModel, tensors: StepTensors, *, temperat
     (free routing, ``chunk`` sequences a forward) and the rollout's routes, over every response token and per MoE
     layer; ``moestab.metrics.routes.route_change``'s ``changed``, as every routing pair."""
     batch = tensors.batch
-    parts = [policy_forward(base, batch.select(rows), temperature=temperature).routes.indices
+    device = next(base.parameters()).device  # the step's record is on the host (run_step), the base may not be
+    parts = [policy_forward(base, batch.select(rows).to(device), temperature=temperature).routes.indices.cpu()
              for rows in torch.arange(batch.batch_size).split(chunk)]  # each [b, L, layers, k]
     chosen = torch.cat(parts)  # [B, L, layers, k] the base's routes
-    rollout = tensors.response(batch.routes.indices).cpu().numpy()  # [tokens, layers, k]
-    theirs = tensors.response(chosen.to(batch.routes.indices.device)).cpu().numpy()  # [tokens, layers, k]
+    rollout = tensors.response(batch.routes.indices.cpu()).numpy()  # [tokens, layers, k]
+    theirs = tensors.response(chosen).numpy()  # [tokens, layers, k]
     rates = route_change(intersection_sizes(rollout, theirs, threads=1), rollout.shape[-1])
     return {keys.ROUTING_BASE_CHANGED: float(rates["changed"][0]),
             keys.ROUTING_BASE_CHANGED_BY_LAYER: rates["changed_by_layer"][0].tolist()}

@@ -92,7 +92,8 @@ def run_step(
     engine.sync_weights()  # once per step on every rank (a collective when the policy is sharded)
     sampled = sample(engine, task, examples, s, draw_more, world, reward_dtype(next(model.parameters()).dtype))
     batch = sampled.batch
-    advantages = rl.compute_advantages(s.preset.advantage, sampled.rewards, s.group_size)  # [B]
+    advantages = rl.compute_advantages(s.preset.advantage, sampled.rewards, s.group_size)  # [B] on the host
+    advantages = advantages.to(batch.response_mask.device)  # [B] beside the logits the loss weighs
     t_rollout = time.perf_counter() - t0
     measured = _measured_rows(measured, batch.batch_size, world)
     setup = measure_setup(s)  # which measurements run, decided once a step
@@ -108,7 +109,8 @@ def run_step(
     t_update = time.perf_counter() - t1
     for measure in measures:
         measure.after_step(forwards, measured)
-    tensors = _step_tensors(sampled, advantages, old, up, measures, measured)
+    # The step's record on the host, once: its metrics and token tables are host-side (numpy, Arrow) work.
+    tensors = _step_tensors(sampled, advantages, old, up, measures, measured).to("cpu")
     per_minibatch, sampling = up.loss_metrics, sampled.metrics
     if world.distributed:
         local = tensors
@@ -176,7 +178,7 @@ def _merge_ranks(
     def cpu(inputs: dict | None) -> dict | None:  # a CUDA tensor would unpickle onto its sender's GPU
         return None if inputs is None else {k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs.items()}
 
-    parts = world.gather((tensors.to("cpu"), [cpu(inputs) for inputs in up.loss_inputs], sampling))
+    parts = world.gather((tensors, [cpu(inputs) for inputs in up.loss_inputs], sampling))
     if parts is None:
         return None, [], {}
     merged = cat_step_tensors([p[0] for p in parts], engine.tokenizer.pad_token_id)

@@ -38,7 +38,7 @@ class TrainForwards:
              else measured_forward(self.model, self.batch, self.chunks, measured, **kwargs))  # logp [B, T]
         mask = self.batch.response_mask  # [B, T]
         if measured is not None:
-            mask = mask & measured[:, None]
+            mask = mask & measured.to(mask.device)[:, None]  # the budget's rows are drawn on the host
         return Scored(logp=f.logp, routes=f.routes, entropy=f.entropy, mask=mask)
 
     def other_routing(self, rows: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ reads every row from the index instead of the runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -19,10 +20,16 @@ MANY = ui.AUTO_SELECT_MAX + 6
 
 @pytest.fixture
 def many_runs(trained_runs: Path, tmp_path: Path) -> Path:
-    """:data:`MANY` copies of a real 6-step run (files hard-linked), two levels down."""
+    """:data:`MANY` copies of a real 6-step run, two levels down. Token tables are hard-linked (moestab renames them
+    into place, never writes one in place); every other file is copied, so a test that damages a copy's run.json
+    leaves the session's :func:`trained_runs` whole."""
     source, root = trained_runs / "gspo-off", tmp_path / "many"
+
+    def link_tables(src: str, dst: str) -> None:
+        (os.link if src.endswith(".parquet") else shutil.copy2)(src, dst)
+
     for i in range(MANY):
-        shutil.copytree(source, root / f"sweep{i % 3}" / f"run{i:02d}", copy_function=os.link,
+        shutil.copytree(source, root / f"sweep{i % 3}" / f"run{i:02d}", copy_function=link_tables,
                         ignore=shutil.ignore_patterns("checkpoints", "state"))
     return root
 
@@ -55,10 +62,13 @@ def test_the_runs_page_reads_a_large_folder_a_budget_at_a_time(
 
 
 @pytest.mark.slow
-def test_a_changed_run_is_read_again_and_a_new_run_is_offered_not_chosen(make_app, many_runs: Path) -> None:
+def test_a_changed_run_is_read_again_and_a_new_run_is_offered_not_chosen(
+    make_app, many_runs: Path, trained_runs: Path
+) -> None:
     at = open_page(make_app(many_runs), RUNS_PAGE)
     first = sorted(many_runs.glob("*/*"))[0]
     (first / "run.json").write_text("{not json")
+    assert json.loads((trained_runs / "gspo-off" / "run.json").read_text())["status"] == "finished"  # a copy
     at.run()
     table = at.dataframe[0].value.set_index("run")
     assert table.loc[first.relative_to(many_runs).as_posix(), "status"] == "unreadable"

@@ -237,3 +237,15 @@ def test_data_parallel_shards_recombine_to_the_global_loss(seed, aggregation, we
     torch.testing.assert_close(combined, full.loss, **TOL)
     torch.testing.assert_close(grad_of(combined, batch["logp"]), grad_of(full.loss, batch["logp"]), **TOL)
     assert not torch.isclose(naive, full.loss, rtol=1e-6)
+
+
+@pytest.mark.parametrize("on_host", ["old_logp", "advantages", "mask", "ref_logp"])
+def test_a_tensor_on_another_device_than_logp_is_named(on_host: str) -> None:
+    # The meta device stands in for a GPU: logp there, one input left on the host, as a trainer that keeps its
+    # rewards on the CPU would (moestab train on CUDA did, until the GPU check ran it).
+    data = random_batch(0, 3, 5)
+    data["ref_logp"] = data["old_logp"].clone()
+    given = {name: t if name == on_host else t.detach().to("meta") for name, t in data.items()}
+    with pytest.raises(ValueError, match=rf"logp's device \(meta\); got {on_host} on cpu"):
+        compute_loss_parts("ppo-clip", **given, level="sequence", clip_low=3e-4, clip_high=4e-4,
+                           aggregation="seq-mean-token-mean", kl_coef=0.1)
