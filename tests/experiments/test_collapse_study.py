@@ -1,0 +1,88 @@
+"""Issue 57's study (moestab.experiments.collapse_study): onsets, hits and false alarms on hand-made runs, the logistic
+fit against plain gradient descent, calibration, and the registration docs/collapse.md commits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moestab.experiments import collapse_study as study
+from moestab.experiments.registration import check_registered
+from moestab.metrics.collapse_warning import SIGNALS, WarningRule
+
+ROOT = Path(__file__).resolve().parents[2]
+VOL = SIGNALS["vol"].key
+
+
+@pytest.mark.parametrize(("evals", "start", "onset"), [
+    ([0.50, 0.52, 0.51, 0.49], 0.50, None),  # stable
+    ([0.50, 0.30, 0.55, 0.52], 0.50, None),  # dipped, recovered: the final is what collapses
+    ([0.50, 0.48, 0.42, 0.38], 0.50, 30),  # from step 30 on, more than 5 points below
+    ([0.50, 0.30, 0.46, 0.38], 0.50, 40),  # 0.46 is within 5 points: the onset is after it
+    ([0.30, 0.31, 0.32, 0.33], 0.50, 10),  # below from the first evaluation
+])
+def test_the_onset_is_where_the_run_stays_below(evals: list[float], start: float, onset: int | None) -> None:
+    series = pd.Series(evals, index=[10, 20, 30, 40])
+    assert study.onset_step(series, start) == onset
+
+
+def _record(vol: np.ndarray, onset: int | None, split: str = "dev", seed: int = 0) -> study.RunRecord:
+    steps = pd.DataFrame({"step": np.arange(1, len(vol) + 1), VOL: vol})
+    run = study.StudyRun(Path(f"/runs/r{seed}"), split, "arm", seed)
+    return study.RunRecord(run, steps, onset, 0.5, 0.3 if onset else 0.5)
+
+
+def _flat(n: int = 100, level: float = 0.04, seed: int = 0) -> np.ndarray:
+    return level + 0.002 * np.random.default_rng(seed).standard_normal(n)
+
+
+def test_a_warning_before_the_onset_is_a_hit_with_its_lead_and_one_in_a_quiet_run_is_a_false_alarm() -> None:
+    rule = WarningRule(signals=("vol",), weights=(1.0,), threshold=4.0)
+    rising = _flat()
+    rising[59:] += 0.05  # jumps at step 60
+    hit = study.score_run(rule, _record(rising, onset=80))
+    assert hit["hit"] and hit["lead"] == 80 - int(hit["warnings"].split()[0])
+    assert hit["false_alarms"] == 0
+    late = study.score_run(rule, _record(rising, onset=200))  # the jump is 140 steps before: outside the horizon
+    assert not late["hit"] and math.isnan(late["lead"])
+    quiet = study.score_run(rule, _record(rising, onset=None))
+    assert quiet["false_alarms"] == len(quiet["warnings"].split()) >= 1
+    table = pd.DataFrame([hit, late, quiet])
+    s = study.summarize(table)
+    assert (s["collapsed"], s["hits"], s["recall"]) == (2, 1, 0.5)
+    assert s["false_alarms_per_100"] == pytest.approx(100 * quiet["false_alarms"] / quiet["watched_steps"])
+
+
+def test_calibration_takes_the_lowest_threshold_within_the_false_alarm_rate() -> None:
+    records = [_record(_flat(seed=s), None, seed=s) for s in range(4)]
+    rising = _flat(seed=9)
+    rising[59:] += 0.05
+    records.append(_record(rising, onset=80, seed=9))
+    rule = WarningRule(signals=("vol",), weights=(1.0,), threshold=0.0)
+    chosen = study.calibrate(rule, records, 0.5)
+    assert chosen is not None
+    assert study.summarize(study.score_rule(chosen, records))["false_alarms_per_100"] <= 0.5
+    lower = study.THRESHOLDS[study.THRESHOLDS.index(chosen.threshold) - 1]
+    below = study.summarize(study.score_rule(WarningRule(("vol",), (1.0,), lower), records))
+    assert below["false_alarms_per_100"] > 0.5
+
+
+def test_the_logistic_fit_matches_gradient_descent() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 3))
+    y = (rng.random(400) < 1 / (1 + np.exp(-(0.5 + x @ np.array([1.5, -1.0, 0.0]))))).astype(float)
+    intercept, weights = study.fit_logistic(x, y, l2=1.0)
+    beta = np.zeros(4)  # the same penalised loss by plain gradient descent
+    design = np.hstack([np.ones((400, 1)), x])
+    for _ in range(20000):
+        p = 1 / (1 + np.exp(-design @ beta))
+        beta -= 0.002 * (design.T @ (p - y) + np.r_[0.0, beta[1:]])
+    np.testing.assert_allclose(np.r_[intercept, weights], beta, atol=1e-6)
+
+
+def test_docs_collapse_md_registers_the_study_the_launcher_runs() -> None:
+    check_registered(ROOT / "docs" / "collapse.md", study.registration())
