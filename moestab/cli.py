@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "compare": "compare",
     "dashboard": "dashboard",
     "probe": "probe",
+    "watch": "watch",
 }
 
 

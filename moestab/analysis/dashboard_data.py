@@ -21,6 +21,7 @@ from moestab.analysis.experts import metrics_per_layer
 from moestab.analysis.ratios import histogram
 from moestab.analysis.summary import run_summary
 from moestab.metrics import keys
+from moestab.metrics.collapse_warning import DEFAULT_RULE, collapse_onset, warnings_over
 from moestab.metrics.experts import coactivation_counts
 from moestab.run_folder import RunFolder, schema
 from moestab.run_folder.errors import RunError, Skipped
@@ -208,6 +209,32 @@ def metric_curve(metrics: pd.DataFrame, key: str, start: float | None = None) ->
     if start is not None:
         curve = pd.concat([pd.DataFrame({"step": [0], "value": [float(start)]}), curve], ignore_index=True)
     return curve
+
+
+COLLAPSE_MARK_KEYS = (keys.EVAL_ACCURACY, keys.COLLAPSE_WARNING, *DEFAULT_RULE.keys)
+"""The metrics.jsonl keys :func:`collapse_marks` reads."""
+
+
+def collapse_marks(metrics: pd.DataFrame, start: float | None) -> pd.DataFrame:
+    """A run's collapse warnings and its collapse onset, as marks on its curves: columns ``step`` and ``mark``
+    (``warning`` / ``collapse onset``). Warnings are the run's own ``collapse/warning`` steps where it recorded the
+    key, else the default rule's over its metrics (a run written before the watch existed); the onset is
+    :func:`~moestab.metrics.collapse_warning.collapse_onset` of its evaluations and ``start`` (the start accuracy)."""
+    if keys.COLLAPSE_WARNING in metrics:
+        warned = metrics.loc[pd.to_numeric(metrics[keys.COLLAPSE_WARNING], errors="coerce") == 1, keys.STEP]
+        steps = [int(s) for s in warned]
+    else:
+        present = [k for k in DEFAULT_RULE.keys if k in metrics]
+        rows = metrics[[keys.STEP, *present]].to_dict("records")
+        steps = [w.step for w in warnings_over(DEFAULT_RULE, ((int(r[keys.STEP]), r) for r in rows))]
+    marks = [(s, "warning") for s in steps]
+    if keys.EVAL_ACCURACY in metrics:
+        evals = metrics.dropna(subset=[keys.EVAL_ACCURACY])
+        onset = collapse_onset(evals[keys.STEP].astype(int).tolist(), evals[keys.EVAL_ACCURACY].astype(float).tolist(),
+                               start)
+        if onset is not None:
+            marks.append((onset, "collapse onset"))
+    return pd.DataFrame(marks, columns=["step", "mark"]).astype({"step": np.int64})
 
 
 METRICS_SOURCE = "all tokens"

@@ -66,11 +66,11 @@ def run(args: argparse.Namespace) -> int:
             traceback.print_exception(cause, file=sys.stderr)
         return 2
     if world_from_env().rank:
-        return exit_status(result.status, result.stop_signal)
+        return exit_status(result.status, result.stop_signal, result.collapse_stop)
     start = f"{result.start_accuracy:.1%}" if result.start_accuracy is not None else "n/a"
     final = f"{result.final_accuracy:.1%}" if result.final_accuracy is not None else "n/a"
     print(f"\nrun {result.status} at step {result.last_step}: {result.run_dir}")
     print(f"eval accuracy: start {start} -> final {final}")
     print(f"analyze:   moestab analyze {result.run_dir}")
     print(f"dashboard: moestab dashboard {result.run_dir.parent}")
-    return exit_status(result.status, result.stop_signal)  # 130 / 143 when a signal stopped it
+    return exit_status(result.status, result.stop_signal, result.collapse_stop)  # 130 / 143 when a signal stopped it

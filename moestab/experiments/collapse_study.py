@@ -22,14 +22,19 @@ import numpy as np
 import pandas as pd
 
 from moestab.experiments.grid import GridRun, grid_runs
-from moestab.experiments.stability import COLLAPSE_DROP
 from moestab.metrics import keys
-from moestab.metrics.collapse_warning import SIGNALS, CollapseWatch, WarningRule, warnings_over
+from moestab.metrics.collapse_warning import (
+    COLLAPSE_DROP,
+    ONSET_DROP,
+    SIGNALS,
+    CollapseWatch,
+    WarningRule,
+    collapse_onset,
+    fire_steps,
+)
 from moestab.run_folder.errors import RunError
 from moestab.run_folder.reader import load_metrics, read_run_info
 
-ONSET_DROP = 0.05
-"""An onset's evaluations all lie more than this below the start (half the collapse's drop)."""
 HORIZON = 30
 """Steps before the onset in which a warning counts as a hit."""
 FALSE_ALARMS_PER_100 = 0.5
@@ -99,15 +104,9 @@ def study_runs(drift_out: str | Path, out: str | Path, drift_seeds: Iterable[int
 
 # ---- outcomes ------------------------------------------------------------------------------------------------------
 def onset_step(evals: pd.Series, start: float) -> int | None:
-    """``evals`` (eval accuracy by step, in step order) of a run that started at ``start``: the onset of its collapse,
-    None when it did not collapse."""
-    if evals.empty or not evals.iloc[-1] < start - COLLAPSE_DROP:
-        return None
-    below = (evals < start - ONSET_DROP).to_numpy()
-    first = len(below)
-    while first > 0 and below[first - 1]:
-        first -= 1
-    return int(evals.index[first])
+    """``evals`` (eval accuracy by step, in step order) of a run that started at ``start``: the onset of its collapse
+    (:func:`~moestab.metrics.collapse_warning.collapse_onset`), None when it did not collapse."""
+    return collapse_onset(list(evals.index), list(evals.to_numpy()), start)
 
 
 @dataclass(frozen=True)
@@ -136,9 +135,22 @@ def _step_dicts(record: RunRecord) -> list[tuple[int, dict]]:
 
 
 # ---- scoring a rule ------------------------------------------------------------------------------------------------
-def score_run(rule: WarningRule, record: RunRecord) -> dict[str, Any]:
-    """One run under ``rule``: its warnings, whether one was a hit, the lead time, and its false alarms."""
-    fired = [w.step for w in warnings_over(rule, _step_dicts(record))]
+def score_series(rule: WarningRule, record: RunRecord) -> list[tuple[int, float | None]]:
+    """The rule's score at each step of ``record`` (None before its baseline); its threshold plays no part."""
+    watch = CollapseWatch(replace(rule, threshold=math.inf))
+    out = []
+    for step, metrics in _step_dicts(record):
+        watch.update(step, metrics)
+        out.append((step, watch.score))
+    return out
+
+
+def score_run(rule: WarningRule, record: RunRecord,
+              scores: list[tuple[int, float | None]] | None = None) -> dict[str, Any]:
+    """One run under ``rule``: its warnings, whether one was a hit, the lead time, and its false alarms
+    (``scores``: :func:`score_series` of the rule and run, when already computed)."""
+    scores = score_series(rule, record) if scores is None else scores
+    fired = fire_steps(scores, rule.threshold, rule.refractory)
     steps = int(record.steps[keys.STEP].max())
     out: dict[str, Any] = {"path": str(record.run.path), "split": record.run.split, "arm": record.run.arm,
                            "seed": record.run.seed, "collapsed": record.onset is not None, "onset": record.onset,
@@ -171,10 +183,12 @@ def score_rule(rule: WarningRule, records: Sequence[RunRecord]) -> pd.DataFrame:
 
 def calibrate(rule: WarningRule, records: Sequence[RunRecord], fa_per_100: float) -> WarningRule | None:
     """``rule`` at the lowest threshold of :data:`THRESHOLDS` whose false alarms on ``records`` are at most
-    ``fa_per_100`` per 100 steps; None when none is."""
+    ``fa_per_100`` per 100 steps; None when none is. Each run's score series is computed once."""
+    series = [score_series(rule, r) for r in records]
     for threshold in THRESHOLDS:
         candidate = replace(rule, threshold=threshold)
-        if summarize(score_rule(candidate, records))["false_alarms_per_100"] <= fa_per_100:
+        rows = pd.DataFrame([score_run(candidate, r, s) for r, s in zip(records, series, strict=True)])
+        if summarize(rows)["false_alarms_per_100"] <= fa_per_100:
             return candidate
     return None
 

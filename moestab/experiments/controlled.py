@@ -29,8 +29,9 @@ from typing import Any
 import pandas as pd
 
 from moestab.experiments.grid import GridRun, grid_metrics, grid_runs, is_finished, run_grid, shard
-from moestab.experiments.stability import COLLAPSE_DROP, run_stability
+from moestab.experiments.stability import run_stability
 from moestab.metrics import keys
+from moestab.metrics.collapse_warning import COLLAPSE_DROP
 from moestab.metrics.paired import paired_interval
 from moestab.run_folder.reader import load_metrics
 

@@ -34,8 +34,8 @@ import pandas as pd
 from moestab.experiments.grid import GridRun, grid_runs, run_grid, shard
 from moestab.experiments.powered import Design, holm, manifest, paired_p
 from moestab.experiments.registration import check_registered
-from moestab.experiments.stability import COLLAPSE_DROP
 from moestab.metrics import keys
+from moestab.metrics.collapse_warning import COLLAPSE_DROP
 from moestab.metrics.paired import min_detectable_difference, paired_interval
 from moestab.run_folder.reader import load_metrics, read_run_info
 

@@ -10,12 +10,11 @@ from pathlib import Path
 import pandas as pd
 
 from moestab.metrics import keys
+from moestab.metrics.collapse_warning import COLLAPSE_DROP
 from moestab.run_folder.reader import load_metrics, read_run_info
 
 SPIKE_FACTOR = 3.0
 """A step spikes when its largest minibatch gradient norm exceeds this many times the run's median."""
-COLLAPSE_DROP = 0.10
-"""A run has collapsed when eval accuracy falls more than this (absolute) below its start."""
 
 
 def grad_spikes(grad_norm_max: pd.Series, factor: float = SPIKE_FACTOR) -> pd.Series:

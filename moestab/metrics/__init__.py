@@ -16,6 +16,8 @@ the per-token tables are one computation (docs/metrics.md lists every key and it
 - ``experts``   expert load, load entropy, co-activation
 - ``sampling``  sampling error of a budget's sampled rates and of their step mean
 - ``paired``    paired differences over seeds and their t-interval (the controlled experiment, the dashboard)
+- ``collapse_warning`` the collapse warning's rule over a run's per-step signals (z-scores against the run's
+                own first steps), live and offline
 - ``keys``      every metrics.jsonl key, declared once: type and shape, computing function, definition (the table
                 docs/metrics.md's key reference is generated from)
 """

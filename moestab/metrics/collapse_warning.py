@@ -13,11 +13,15 @@ run rebuilds it by feeding its metrics.jsonl again (:func:`warnings_over`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 MAD_TO_SD = 1.4826
 """A normal distribution's sd over its median absolute deviation."""
+COLLAPSE_DROP = 0.10
+"""A run has collapsed when its final eval accuracy is more than this (absolute) below its start."""
+ONSET_DROP = 0.05
+"""A collapse's onset: the first evaluation from which every evaluation is more than this below the start."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,10 @@ class WarningRule:
         return f"{self.intercept:+.3g} {terms} > {self.threshold:g}"
 
 
+DEFAULT_RULE = WarningRule(signals=("reward",), weights=(1.0,), threshold=3.0, name="provisional")
+"""The rule every trainer watches with (PROVISIONAL until the study's fit: docs/collapse.md)."""
+
+
 @dataclass(frozen=True)
 class CollapseWarning:
     """A warning: the ``step`` it fired at, the rule's ``score``, the ``signal`` that contributed most, and every
@@ -136,6 +144,10 @@ class CollapseWatch:
                 mad = _median(sorted(abs(v - track.median) for v in ordered))
                 track.scale = max(MAD_TO_SD * mad, rule.relative_floor * abs(track.median), 1e-12)
 
+    def has_baseline(self, signal: str) -> bool:
+        """Whether ``signal`` has its baseline (the rule's first ``baseline_steps`` values)."""
+        return not math.isnan(self._tracks[signal].scale)
+
     def z_scores(self) -> dict[str, float] | None:
         """Every signal's clipped z-score now; None while a signal's baseline is incomplete."""
         out = {}
@@ -160,11 +172,26 @@ class CollapseWatch:
         rule = self.rule
         contributions = {s: w * z[s] for s, w in zip(rule.signals, rule.weights, strict=True)}
         self.score = rule.intercept + sum(contributions.values())
-        quiet = self.last_warning is not None and step - self.last_warning < rule.refractory
-        if self.score <= rule.threshold or quiet:
+        if not fires(step, self.score, rule.threshold, self.last_warning, rule.refractory):
             return None
         self.last_warning = step
         return CollapseWarning(step, self.score, max(contributions, key=contributions.__getitem__), z)
+
+
+def fires(step: int, score: float, threshold: float, last_warning: int | None, refractory: int) -> bool:
+    """Whether a rule fires at ``step``: its score above ``threshold``, ``refractory`` steps or more after its last
+    warning (the one decision :class:`CollapseWatch` and :func:`fire_steps` share)."""
+    return score > threshold and (last_warning is None or step - last_warning >= refractory)
+
+
+def fire_steps(scores: Iterable[tuple[int, float | None]], threshold: float, refractory: int) -> list[int]:
+    """The steps a rule fires at, from its score at each step (None before the baseline): what
+    :class:`CollapseWatch` decides step by step, for a study that tries many thresholds on one score series."""
+    fired: list[int] = []
+    for step, score in scores:
+        if score is not None and fires(step, score, threshold, fired[-1] if fired else None, refractory):
+            fired.append(step)
+    return fired
 
 
 def warnings_over(rule: WarningRule, steps: Iterable[tuple[int, Mapping[str, object]]]) -> list[CollapseWarning]:
@@ -172,6 +199,19 @@ def warnings_over(rule: WarningRule, steps: Iterable[tuple[int, Mapping[str, obj
     resumed run's rebuilt state are this function."""
     watch = CollapseWatch(rule)
     return [w for step, metrics in steps if (w := watch.update(step, metrics)) is not None]
+
+
+def collapse_onset(steps: Sequence[int], accuracies: Sequence[float], start: float | None) -> int | None:
+    """The onset of a run's collapse from its evaluations (``accuracies`` at ``steps``, in step order) and its start
+    accuracy: the first evaluation from which every evaluation to the end is more than :data:`ONSET_DROP` below the
+    start, when the final one is more than :data:`COLLAPSE_DROP` below it; None when the run did not collapse (or the
+    start is unknown)."""
+    if start is None or not accuracies or not accuracies[-1] < start - COLLAPSE_DROP:
+        return None
+    first = len(accuracies)
+    while first > 0 and accuracies[first - 1] < start - ONSET_DROP:
+        first -= 1
+    return int(steps[first])
 
 
 def _median(ordered: list[float]) -> float:

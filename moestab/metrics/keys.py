@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from moestab.metrics.collapse_warning import SIGNALS
 from moestab.metrics.ratios import RATIO_QUANTILES
 from moestab.metrics.routing_share import ROUTING_SHARE_STATS
 from moestab.run_folder import schema
@@ -55,6 +56,7 @@ DIAGNOSTICS = "diagnostics"
 REPLAYED = "replayed"
 BUDGET = "budget"
 BASE_ROUTES = "base routes"
+COLLAPSE_WATCH = "collapse watch"
 CONDITIONS: dict[str, str] = {
     PHASE_TIMES: "the trainer times its rollout and its updates apart (`moestab train`)",
     REWARDS: "the trainer knows each sequence's reward and correctness (`moestab train`; TRL's micro-batches hold "
@@ -76,6 +78,9 @@ CONDITIONS: dict[str, str] = {
     REPLAYED: "the updates replay routes (`--routing-replay old`, `rollout`, `rollout-gates` or `base`)",
     BASE_ROUTES: "`--measure-base-routes` (`moestab train`: one more no-grad forward of the warm-started base per "
                  "step)",
+    COLLAPSE_WATCH: "the trainer watches for a collapse (`moestab train`, the TRL integration and `DiagnosticsRun`, "
+                    "always; `--on-collapse-warning` says what a warning does) and the rule's signals have their "
+                    "baseline (docs/collapse.md)",
     DIAGNOSTICS: "the step was written by the diagnostics call for any trainer (`moestab.recording.diagnostics`, "
                  "docs/integrations.md): another framework's rollout and trainer routes, no `moestab train` step",
 }
@@ -126,6 +131,12 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "and the extra forward replays the routes of TRL's pi_old forward, as under `off`.",
     ),
     "experts": ("Experts (`moestab.metrics.experts`)", ""),
+    "collapse": (
+        "Collapse warning (`moestab.metrics.collapse_warning`)",
+        "The warning rule's reading of the run's own signals so far: each signal's z-score against the run's first "
+        "steps, weighted into one score; a warning fires when the score passes the rule's threshold, at most once "
+        "every 10 steps (docs/collapse.md: the rule, its signals and its measured recall and false alarms).",
+    ),
     "integrity": (
         "Route integrity (`moestab.metrics.integrity`)",
         "Whether the captured routes tell the truth: `moestab train`'s rollout engine's (HF or vLLM), the TRL "
@@ -461,6 +472,13 @@ ROUTING_BASE_CHANGED = _row("routing/base_rollout/changed", FLOAT,
 ROUTING_BASE_CHANGED_BY_LAYER = _row("routing/base_rollout/changed_by_layer", PER_LAYER,
                                      "`routing/base_rollout/changed` per MoE layer", "routing", when=(BASE_ROUTES,),
                                      computed=False)
+COLLAPSE_SCORE = _row("collapse/score", FLOAT, "the collapse warning rule's score at this step (a z-score for a "
+                      "one-signal rule, log-odds for a model)", "collapse", when=(COLLAPSE_WATCH,), computed=False)
+COLLAPSE_WARNING = _row("collapse/warning", INT, "1 at a step where a collapse warning fires, else 0", "collapse",
+                        when=(COLLAPSE_WATCH,), computed=False)
+COLLAPSE_WARNING_ON = _row("collapse/warning_on/{signal}", INT, "1 at a warning, for the signal that moved its score "
+                           "most; absent at other steps", "collapse", when=(COLLAPSE_WATCH,), over=tuple(SIGNALS),
+                           computed=False)
 
 # ---- what the metric functions return, by the names of moestab.metrics -> the key (pattern) ----------------------
 ROUTE_CHANGE_KEYS = {"changed": ROUTING_CHANGED, "router_flip": ROUTING_ROUTER_FLIP, "token_flip": ROUTING_TOKEN_FLIP,

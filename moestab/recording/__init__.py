@@ -9,6 +9,7 @@ Modules: ``batch`` (the token layout of a rollout), ``step_fields`` (the one dec
 :mod:`moestab.metrics.keys`), ``token_table`` (its per-token table), ``step_records`` (writing both:
 ``write_step_tokens``, ``write_step_metrics``), ``trackers`` (what a step sends to experiment trackers, and the trackers
 ``--report-to`` opens), ``diagnostics`` (a rollout engine's routes against a trainer's, for any trainer),
-``capture_check`` (what a trainer does when its captured routes fail a route-integrity check), ``environment``
+``capture_check`` (what a trainer does when its captured routes fail a route-integrity check), ``collapse_watch``
+(every trainer's collapse watch: the warning rule fed each step, its keys, what a warning does), ``environment``
 (run.json's ``environment``).
 """

@@ -33,6 +33,7 @@ from moestab.metrics.integrity import route_integrity, with_model
 from moestab.metrics.mismatch import mismatch_spread, mismatch_stats
 from moestab.metrics.routes import check_routes, repeated_experts, route_change_of
 from moestab.recording.capture_check import check_policy, verdict, warn_once
+from moestab.recording.collapse_watch import CollapseMonitor, CollapseStop
 from moestab.recording.step_records import write_step_metrics
 from moestab.recording.trackers import TrackedRun, check_trackers, open_trackers, run_id
 from moestab.run_folder import Remedies, RunFolder, schema
@@ -268,6 +269,12 @@ class DiagnosticsRun:
     check, before the step is written: stop before the trainer replays those routes). The agreement's chance level
     comes from the run's ``top_k`` and ``num_experts`` when the metrics lack it.
 
+    ``on_collapse_warning``: what a collapse warning (``collapse/*``, docs/collapse.md: the rule over the logged
+    steps' own keys) does: ``log`` (logged, in run.json's ``warnings``) or ``stop``
+    (:class:`~moestab.recording.collapse_watch.CollapseStop` from :meth:`log` after the step is written, naming the
+    step and the signal; leaving the ``with`` block with it marks the run ``interrupted``). The rule reads the keys it
+    needs from what :meth:`log` is given; without them it says once that no warning can fire.
+
     ``report_to`` (any of ``tensorboard``, ``wandb``, ``trackio``) also sends each logged step to those trackers, as
     ``moestab train --report-to`` does (:mod:`moestab.recording.trackers`: the same trackers, keys ``moestab/<key>``,
     ``experts/load`` summarised unless ``report_expert_load_matrix``), opened with the folder and closed with it; an
@@ -291,8 +298,10 @@ class DiagnosticsRun:
         report_to: str | Sequence[str] = (),
         report_expert_load_matrix: bool = False,
         route_integrity: str = "warn",
+        on_collapse_warning: str = "log",
     ) -> None:
         check_policy(route_integrity)
+        self.collapse = CollapseMonitor(on_collapse_warning)
         if replay not in schema.REPLAY_MODES:
             raise ValueError(f"replay must be one of {list(schema.REPLAY_MODES)} (the trainer's routing replay: off, "
                              f"R2 = old, R3 = rollout, TRR = rollout-gates, routing-constant = base), got {replay!r}")
@@ -357,12 +366,23 @@ class DiagnosticsRun:
             _check_value(key, value, keys.KEYS[key].kind)
         judged = self.config["routing_replay"] not in schema.BASE_ROUTED_MODES
         broken = verdict(written, step=step, policy=self.route_integrity, agreement=judged)  # refuse: nothing written
+        added, warning = self.collapse.observe(step, written)
+        written.update(added)
         write_step_metrics(self.writer, step, written)
         self.writer.update(last_step=step)
         self.last_step = step
         self._report(written, step)
         if broken is not None:
             warn_once(broken, self.writer.read_info().warnings, self.writer.add_warning, logger.warning)
+        note = self.collapse.missing_note()
+        if note is not None:
+            logger.warning(note)
+        if warning is not None:
+            message = self.collapse.message(warning)
+            logger.warning(message)
+            self.writer.add_warning(message)
+            if self.collapse.policy == "stop":
+                raise CollapseStop(warning, message)
 
     def close(self, error: BaseException | None = None) -> None:
         """Mark the run ``finished`` (or ``failed`` with ``error``) and release the folder."""
@@ -372,6 +392,8 @@ class DiagnosticsRun:
             if self.writer is not None:
                 if error is None:
                     self.writer.update(status=schema.STATUS_FINISHED)
+                elif isinstance(error, CollapseStop):
+                    self.writer.update(status=schema.STATUS_INTERRUPTED, error=str(error))
                 else:
                     self.writer.update(status=schema.STATUS_FAILED, error=f"{type(error).__name__}: {error}")
         finally:

@@ -80,25 +80,9 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
     rows: list[dict[str, Any]] = []
     frames: list[pd.DataFrame] = []
     for number, line in _lines(path):
-        if not line.strip():
+        row = _metrics_line(path, number, line, skipped, wanted, names)
+        if row is None:
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            skip(skipped, RunFileError(path, f"line {number} is not valid JSON ({exc.msg})"), line=number)
-            continue
-        step = row.get("step") if isinstance(row, dict) else None
-        if isinstance(step, bool) or not isinstance(step, int):
-            skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
-            continue
-        if names is not None:
-            names.update(k for k, v in row.items() if isinstance(v, int | float) and v == v and k != "step")
-        if wanted is not None:
-            row = {k: v for k, v in row.items() if k in wanted}
-        for key in [k for k, value in row.items() if k != "step" and not _is_metric_value(value)]:
-            shown = json.dumps(row.pop(key))
-            skip(skipped, RunFileError(path, f"line {number} (step {step}): {key!r} is {shown[:40]}, not a number, a "
-                                             "list of numbers or null; that value is left out"), line=number)
         rows.append(row)
         if len(rows) == METRICS_CHUNK_ROWS:  # into columns as it goes: a Python dict a line would hold ~1 KB each
             frames.append(_records(rows))
@@ -109,6 +93,71 @@ def load_metrics(run: str | Path, skipped: list[Skipped] | None = None,
         return pd.DataFrame({"step": pd.Series([], dtype="int64")})
     frame = frame.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
     return frame.reset_index(drop=True)
+
+
+def _metrics_line(path: Path, number: int, line: str, skipped: list[Skipped] | None, wanted: set[str] | None = None,
+                  names: set[str] | None = None) -> dict[str, Any] | None:
+    """One metrics.jsonl line as a row (``wanted``: only these keys), or None for a blank line or one that is not a
+    JSON object with an integer ``step`` (reported to ``skipped``; raised when it is None); a value that is not a
+    number, a list of numbers or null is left out and reported. ``names`` collects every key holding a number."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        skip(skipped, RunFileError(path, f"line {number} is not valid JSON ({exc.msg})"), line=number)
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
+        return None
+    if names is not None:
+        names.update(k for k, v in row.items() if isinstance(v, int | float) and v == v and k != "step")
+    if wanted is not None:
+        row = {k: v for k, v in row.items() if k in wanted}
+    for key in [k for k, value in row.items() if k != "step" and not _is_metric_value(value)]:
+        shown = json.dumps(row.pop(key))
+        skip(skipped, RunFileError(path, f"line {number} (step {step}): {key!r} is {shown[:40]}, not a number, a "
+                                         "list of numbers or null; that value is left out"), line=number)
+    return row
+
+
+class MetricsFollower:
+    """Reads the lines a run appends to its metrics.jsonl as it is written (``moestab watch``): each call to
+    :meth:`new_rows` returns the complete lines added since the last one, checked as :func:`load_metrics` checks
+    them (a bad line goes to ``skipped``); a line still being written (no newline yet) waits for the next call."""
+
+    def __init__(self, run: str | Path, skipped: list[Skipped]) -> None:
+        self.path = Path(run) / schema.METRICS_JSONL
+        self.skipped = skipped
+        self._offset = 0
+        self._number = 0
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        """The rows of the complete lines appended since the last call (none while the file does not exist)."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise RunFileError(self.path, f"unreadable ({exc})") from exc
+        end = data.rfind(b"\n") + 1  # only whole lines; a torn last one is read again next time
+        self._offset += end
+        rows = []
+        for raw in data[:end].splitlines():
+            self._number += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                skip(self.skipped, RunFileError(self.path, f"line {self._number} is not UTF-8 ({exc})"),
+                     line=self._number)
+                continue
+            row = _metrics_line(self.path, self._number, line, self.skipped)
+            if row is not None:
+                rows.append(row)
+        return rows
 
 
 METRICS_CHUNK_ROWS = 8192
@@ -603,6 +652,7 @@ def finite_or_none(value: Any) -> float | None:
 
 __all__ += [
     "DEFAULT_BATCH_VALUES",
+    "MetricsFollower",
     "default_batch_rows",
     "finite_or_none",
     "iter_run_batches",

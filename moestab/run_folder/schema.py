@@ -70,6 +70,9 @@ INTEGRITY_POLICIES = ("warn", "refuse")
 """What a trainer does with a route capture that fails an integrity check (config ``route_integrity``,
 ``moestab.metrics.integrity``): ``warn`` (log it, keep training) or ``refuse`` (stop before its routes are
 replayed)."""
+COLLAPSE_POLICIES = ("log", "stop")
+"""What a collapse warning does (config ``on_collapse_warning``, docs/collapse.md): ``log`` it and keep it in run.json's
+``warnings``, or also ``stop`` the run after the step."""
 GATE_REPLAY_MODES = ("rollout-gates",)
 """Modes that replay recorded gate weights too (their rollout engine records them)."""
 

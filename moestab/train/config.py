@@ -28,7 +28,13 @@ from moestab.configs import (
 )
 from moestab.models.spec import is_embedded, parse_model_spec
 from moestab.recording.measure_budget import DEFAULT_EVERY, MeasureBudget
-from moestab.run_folder.schema import BASE_ROUTED_MODES, GATE_REPLAY_MODES, INTEGRITY_POLICIES, REPLAY_MODES
+from moestab.run_folder.schema import (
+    BASE_ROUTED_MODES,
+    COLLAPSE_POLICIES,
+    GATE_REPLAY_MODES,
+    INTEGRITY_POLICIES,
+    REPLAY_MODES,
+)
 
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 """``--rollout-engine`` values (moestab.train.engine.engine_factory builds them)."""
@@ -71,6 +77,10 @@ class TrainConfig:
     warn (log the first failing step and record it in run.json's warnings, keep training) or refuse (stop before the
     step's updates, so a broken capture is never replayed; the run folder stays resumable, with --route-integrity
     warn to go on)."""
+    on_collapse_warning: Literal["log", "stop"] = "log"
+    """What a collapse warning does (collapse/warning: the rule of docs/collapse.md over the run's own signals, checked
+    every step): log (log it and record it in run.json's warnings, keep training) or stop (also save the step and stop
+    the run, interrupted and resumable; the message names the step and the signal)."""
     replay_score_ratio: float = 0.0
     """Score-threshold replay (prime-rl PR #2703), with routing_replay old or rollout: in the updates a replayed expert
     is kept only when the trainer's router scores it at least this ratio of its weakest own top-k score; rejected slots
@@ -166,7 +176,7 @@ class TrainConfig:
     resume: str | None = None
     """Run folder to continue from its last checkpoint (any spelling of its path, moved or copied folders too);
     its settings come from the run, and only steps, threads, progress, save_every, eval_every, report_to and
-    report_expert_load_matrix and route_integrity may change."""
+    report_expert_load_matrix, route_integrity and on_collapse_warning may change."""
     overwrite: bool = False
     """Delete the run already in --out and start over (refuses a folder that is not a moestab run)."""
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
@@ -235,6 +245,7 @@ class TrainConfig:
         self._check_text_fields()
         check_choice("routing_replay", self.routing_replay, REPLAY_MODES)
         check_choice("route_integrity", self.route_integrity, INTEGRITY_POLICIES)
+        check_choice("on_collapse_warning", self.on_collapse_warning, COLLAPSE_POLICIES)
         _check_model(self.model)
         self._check_engine()
         self._check_counts()

@@ -11,13 +11,20 @@ from moestab.run_folder import schema
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def exit_status(status: str, signum: int) -> int:
+EXIT_COLLAPSE_STOP = 3
+"""``moestab train``'s exit status when ``--on-collapse-warning stop`` stopped the run."""
+
+
+def exit_status(status: str, signum: int, collapse_stop: bool = False) -> int:
     """``moestab train``'s exit status for a run that ended ``status`` (run.json): 0 ``finished``; ``interrupted``:
-    128 + the number of the signal that stopped it, as a shell reports a process a signal ended (130 SIGINT, 143
-    SIGTERM; 130 for a process of a multi-process run stopped because another one was signalled), so a script
-    tells a stopped run from a finished one; 1 otherwise."""
+    :data:`EXIT_COLLAPSE_STOP` when a collapse warning stopped it, else 128 + the number of the signal that stopped
+    it, as a shell reports a process a signal ended (130 SIGINT, 143 SIGTERM; 130 for a process of a multi-process
+    run stopped because another one was signalled), so a script tells a stopped run from a finished one; 1
+    otherwise."""
     if status == schema.STATUS_FINISHED:
         return 0
+    if status == schema.STATUS_INTERRUPTED and collapse_stop:
+        return EXIT_COLLAPSE_STOP
     if status == schema.STATUS_INTERRUPTED:
         return 128 + (signum or signal.SIGINT)
     return 1

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from moestab.metrics import keys
 from moestab.recording import measurements
+from moestab.recording.collapse_watch import collapse_keys
 from moestab.recording.diagnostics import route_diagnostics
 from moestab.recording.step_metrics import STEP_METRICS
 from moestab.recording.step_records import write_step_metrics
@@ -21,7 +22,8 @@ from moestab.train.route_bases import base_route_distance
 from moestab.train.step_sample import sample
 
 TRAINER_MEASURED: tuple[Callable, ...] = (write_step_metrics, step.run_step, sample, route_diagnostics,
-                                          SolvedPrompts.replace_solved, greedy_accuracy, base_route_distance)
+                                          SolvedPrompts.replace_solved, greedy_accuracy, base_route_distance,
+                                          collapse_keys)
 """The functions that measure the keys a trainer hands over (rows with ``computed=False``)."""
 
 

@@ -22,9 +22,11 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moestab.configs import ConfigError, config_to_dict
 from moestab.metrics import keys
+from moestab.metrics.collapse_warning import CollapseWarning
 from moestab.models import is_embedded
 from moestab.models.tokenizer import tokenizer_overflow
 from moestab.recording.capture_check import verdict, warn_once
+from moestab.recording.collapse_watch import CollapseMonitor
 from moestab.recording.step_records import write_step_metrics, write_step_tokens
 from moestab.recording.trackers import TrackedRun, open_trackers, run_id
 from moestab.routing import freeze_routers
@@ -81,6 +83,8 @@ class RunResult:
     final_accuracy: float | None
     stop_signal: int = 0
     """The signal that interrupted the run (``signal.SIGINT`` / ``SIGTERM``); 0 when none reached this process."""
+    collapse_stop: bool = False
+    """A collapse warning stopped the run (``--on-collapse-warning stop``)."""
 
 
 def check_world(config: TrainConfig, world: World) -> None:
@@ -178,7 +182,8 @@ def _train(
         finally:
             progress.close()
     run.finish()
-    return RunResult(run.run_dir, run.status, run.step, start_accuracy, run.final_accuracy, run.stop_signal)
+    return RunResult(run.run_dir, run.status, run.step, start_accuracy, run.final_accuracy, run.stop_signal,
+                     run.collapse_stop)
 
 
 # ---- set-up: the policy, its reference, its optimizer, checked before the run is opened ----------------------------
@@ -266,6 +271,9 @@ class _Steps:
         self.main = world.is_main
         self.settings = step_settings(config, max_new)
         self.eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
+        self.collapse = CollapseMonitor(config.on_collapse_warning)
+        self.collapse_stop: str | None = None  # the warning that stops the run after its step (rank 0's)
+        self.saved_step = -1
 
     def routing(self) -> AbstractContextManager:
         """How the policy routes outside the trainer's own forwards (generation, evaluation): as the frozen base
@@ -292,6 +300,7 @@ class _Steps:
         if self.main:
             loop_state = p.history.state() if p.history is not None else {}  # carried across steps, for --resume
             save_checkpoint(self.run.folder, step, p.model, p.tokenizer, optimizer_saved, loop_state, weights=weights)
+        self.saved_step = step
 
     def start(self) -> float:
         """A new run's start: the base policy's eval accuracy, recorded with its warm start, and the step-0
@@ -327,6 +336,8 @@ class _Steps:
         config, run = self.config, self.run
         share = self.world.block(config.prompts_per_step)  # this rank's prompts: whole groups
         zero_steps = 0  # consecutive steps whose every advantage was 0
+        if self.main:  # a resumed run's watch: the state the steps already run left it in
+            self.collapse.replay_run(run.run_dir, start_step)
         for step in range(start_step + 1, config.steps + 1):
             run.step = step
             if run.stop_requested():  # Ctrl-C / SIGTERM during the start evaluation: step 0 is saved
@@ -335,6 +346,11 @@ class _Steps:
                 return
             metrics = self.step(step, engine, share, report)
             progress.update(metrics)
+            if self.world.broadcast(self.collapse_stop if self.main else None):  # every rank stops together
+                if self.saved_step != step:
+                    self.save(step)
+                run.stopped_by_warning()
+                return
             zero_steps = zero_steps + 1 if metrics[keys.ADVANTAGE_NONZERO] == 0 else 0
             if config.max_zero_advantage_steps and zero_steps >= config.max_zero_advantage_steps:
                 raise NothingToLearnError(_nothing_to_learn(config, step, zero_steps, start_accuracy))
@@ -376,8 +392,11 @@ class _Steps:
         if step % config.eval_every == 0 or step == config.steps:
             metrics[keys.EVAL_ACCURACY] = self.evaluate()
         if main:
+            warning = self._watch(step, metrics)
             write_step_metrics(writer, step, metrics)
             report(metrics, step)
+            if warning is not None:
+                self._warned(warning)
             broken = verdict(metrics, step=step, agreement=config.routing_replay not in schema.BASE_ROUTED_MODES)
             if broken is not None:
                 warn_once(broken, writer.read_info().warnings, writer.add_warning, self.log)
@@ -386,6 +405,23 @@ class _Steps:
         if main:
             writer.update(last_step=step)  # after its checkpoint: the step is complete
         return metrics
+
+    def _watch(self, step: int, metrics: dict) -> CollapseWarning | None:
+        """The collapse watch fed the step (its ``collapse/*`` keys added to ``metrics``); the warning, if one fired."""
+        added, warning = self.collapse.observe(step, metrics)
+        metrics.update(added)
+        note = self.collapse.missing_note()
+        if note is not None:
+            self.log(note)
+        return warning
+
+    def _warned(self, warning: CollapseWarning) -> None:
+        """A warning logged and kept in run.json; under ``--on-collapse-warning stop`` the run stops after the step."""
+        message = self.collapse.message(warning, resume=f"moestab train --resume {self.run.run_dir}")
+        self.log(message)
+        self.run.writer.add_warning(message)
+        if self.collapse.policy == "stop":
+            self.collapse_stop = message
 
     def _examples(self, step: int, seed: int) -> tuple[list, dict[str, float]]:
         """The step's prompts; with history resampling, solved ones replaced by fresh draws (and how many)."""

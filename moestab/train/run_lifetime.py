@@ -46,7 +46,8 @@ class NothingToLearnError(RuntimeError):
 
 
 RESUMABLE_FIELDS = ("steps", "threads", "progress", "save_every", "eval_every", "report_to",
-                    "report_expert_load_matrix", "route_integrity", "resume", "out", "overwrite")
+                    "report_expert_load_matrix", "route_integrity", "on_collapse_warning", "resume", "out",
+                    "overwrite")
 """Settings a resumed run may change; every other one must equal the run's own (it shapes the numbers)."""
 
 NEW_RUN_REMEDY = "choose a writable --out"
@@ -142,6 +143,7 @@ class TrainRun:
         self.writer = RunWriter(self.folder.path)
         self.interrupt = GracefulInterrupt()
         self.step, self.status, self.stop_signal = 0, schema.STATUS_FINISHED, 0
+        self.collapse_stop = False
         self.final_accuracy: float | None = None
 
     @property
@@ -212,6 +214,11 @@ class TrainRun:
         self.status, self.stop_signal = schema.STATUS_INTERRUPTED, self.interrupt.signum
         self.log(f"\ninterrupted ({self.interrupt.signal_name or 'on another rank'}){what}; "
                  f"continue with `moestab train --resume {self.run_dir}`")
+
+    def stopped_by_warning(self) -> None:
+        """The run stops ``interrupted`` after the step it is at, because a collapse warning fired under
+        ``--on-collapse-warning stop`` (the warning's message, logged already, says how to go on)."""
+        self.status, self.collapse_stop = schema.STATUS_INTERRUPTED, True
 
     def finish(self) -> None:
         """Rank 0's: the status the steps ended with, the last step and the final eval accuracy."""

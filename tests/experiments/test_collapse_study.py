@@ -86,3 +86,28 @@ def test_the_logistic_fit_matches_gradient_descent() -> None:
 
 def test_docs_collapse_md_registers_the_study_the_launcher_runs() -> None:
     check_registered(ROOT / "docs" / "collapse.md", study.registration())
+
+
+def _records_with_signals(seed: int, collapsed: bool) -> study.RunRecord:
+    """100 steps of every signal as noise; a collapsed run's vol rises from step 50 (onset 80)."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({"step": np.arange(1, 101)})
+    for s in SIGNALS.values():
+        frame[s.key] = 1.0 + 0.05 * rng.standard_normal(100)
+    if collapsed:
+        frame.loc[49:, VOL] += np.linspace(0, 1.0, 51)
+    run = study.StudyRun(Path(f"/runs/s{seed}"), "dev", "arm", seed)
+    return study.RunRecord(run, frame, 80 if collapsed else None, 0.5, 0.3 if collapsed else 0.5)
+
+
+def test_the_chosen_candidate_is_the_one_that_sees_the_planted_signal() -> None:
+    dev = [_records_with_signals(s, collapsed=s % 2 == 0) for s in range(8)]
+    rules = study.candidates(dev)
+    assert [r.name for r in rules] == [*SIGNALS, *study.MODELS]
+    calibrated = [c for c in (study.calibrate(r, dev, study.FALSE_ALARMS_PER_100) for r in rules) if c]
+    chosen = study.select(calibrated, dev)
+    assert "vol" in chosen.signals
+    s = study.summarize(study.score_rule(chosen, dev))
+    assert s["recall"] == 1.0 and s["false_alarms_per_100"] <= study.FALSE_ALARMS_PER_100
+    round_trip = study.rule_from_dict(study.rule_to_dict(chosen))
+    assert round_trip == chosen

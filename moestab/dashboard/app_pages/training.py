@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from moestab.analysis.compare import DRAWN_STEPS, thin
-from moestab.analysis.dashboard_data import metric_curve, stack_runs
+from moestab.analysis.dashboard_data import COLLAPSE_MARK_KEYS, collapse_marks, metric_curve, stack_runs
 from moestab.analysis.labels import is_percent
 from moestab.dashboard.kit import charts, loaders, ui
 from moestab.metrics import keys
@@ -44,7 +44,8 @@ if not runs:
 frames: dict[str, pd.DataFrame] = {}
 start_accuracy: dict[str, float] = {}  # eval accuracy of the starting policy, drawn at step 0
 for run in runs:
-    loaded = loaders.metrics(run.path, run.key, tuple(key for key, _, _ in CURVES))  # what is drawn, not the file
+    drawn = tuple(dict.fromkeys([*(key for key, _, _ in CURVES), *COLLAPSE_MARK_KEYS]))  # what is drawn, not the file
+    loaded = loaders.metrics(run.path, run.key, drawn)
     if not ui.report(run, loaded, "metrics (metrics.jsonl)", missing="completed step"):
         continue
     frames[run.label] = loaded.value
@@ -54,15 +55,23 @@ for run in runs:
 
 colors = {run.label: charts.color(i) for i, run in enumerate(runs)}
 curves = [c for c in CURVES if any(c[0] in frame for frame in frames.values())]
+marks = stack_runs({label: collapse_marks(frame, start_accuracy.get(label)) for label, frame in frames.items()})
+if len(marks):
+    st.caption("Vertical rules: collapse warnings (dashed: the run's `collapse/warning`, or the default rule over its "
+               "metrics) and collapse onsets (solid: the first evaluation from which eval accuracy stays more than 5 "
+               "points below the start, in a run that ends more than 10 below it). docs/collapse.md says what the "
+               "warning's rule can and cannot promise.")
 if frames and curves:
     cells = ui.grid(len(curves), per_row=3)
     for cell, (key, title, ylabel) in zip(cells, curves, strict=True):
         start = start_accuracy if key == keys.EVAL_ACCURACY else {}
         data, width = thin(stack_runs({label: metric_curve(frame, key, start.get(label))
                                        for label, frame in frames.items() if key in frame}))
-        chart = charts.lines(data, "step", "value", title=title, xlabel="training step", ylabel=ylabel,
-                             colors=colors, integer_x=True, points=key == keys.EVAL_ACCURACY or None,
-                             percent=is_percent(key))
+        data = charts.marked(data, marks[marks.run.isin(data.run)] if len(marks) else marks)
+        chart = charts.with_marks(charts.lines(data, "step", "value", title=title, xlabel="training step",
+                                               ylabel=ylabel, colors=colors, integer_x=True,
+                                               points=key == keys.EVAL_ACCURACY or None, percent=is_percent(key)),
+                                  data, "step", colors)
         with cell:
             charts.show(chart, data, f"{title} against step", value="value")
             if width > 1:

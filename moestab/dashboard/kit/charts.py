@@ -109,6 +109,33 @@ def lines(
     return alt.layer(line, dots, rule).properties(title=_title(title), height=HEIGHT)
 
 
+MARK_DASH = {"warning": [5, 3], "collapse onset": [1, 0]}
+"""Line style of each kind of step mark (:func:`with_marks`): a warning dashed, a collapse onset solid."""
+
+
+def marked(data: pd.DataFrame, marks: pd.DataFrame, x: str = "step") -> pd.DataFrame:
+    """``data`` (a lines chart's frame) with ``marks``' rows under it (columns ``run``, ``step``, ``mark``: collapse
+    warnings and onsets, :func:`moestab.analysis.dashboard_data.collapse_marks`), their values empty: one frame, so the
+    chart's CSV holds the marks too."""
+    if marks.empty:
+        return data
+    return pd.concat([data, marks.rename(columns={"step": x})], ignore_index=True)
+
+
+def with_marks(chart: alt.LayerChart, data: pd.DataFrame, x: str, colors: Mapping[str, str] | None) -> alt.LayerChart:
+    """``chart`` (drawn from ``data``, a :func:`marked` frame) with a vertical rule at each mark's step, in the run's
+    colour, dashed for a warning and solid for an onset; the lines leave the mark rows out (their values are empty)."""
+    if "mark" not in data or not data["mark"].notna().any():
+        return chart
+    rules = alt.Chart(data).transform_filter("isValid(datum.mark)").mark_rule(strokeWidth=1.6).encode(
+        x=f"{x}:Q", color=_colour("run", colors),
+        strokeDash=alt.StrokeDash("mark:N", scale=alt.Scale(domain=list(MARK_DASH), range=list(MARK_DASH.values())),
+                                  legend=_legend()),
+        tooltip=["run", "mark", alt.Tooltip(f"{x}:Q", title="step")],
+    )
+    return alt.layer(chart, rules)
+
+
 def value_colors(values: Sequence[str]) -> dict[str, str]:
     """A fixed colour per value (tab10 in the order given), so a value keeps its colour on every chart of a page."""
     return {value: color(i) for i, value in enumerate(dict.fromkeys(values))}

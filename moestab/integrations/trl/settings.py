@@ -11,7 +11,7 @@ import torch
 
 from moestab import rl
 from moestab.recording.measure_budget import MeasureBudget
-from moestab.run_folder.schema import INTEGRITY_POLICIES
+from moestab.run_folder.schema import COLLAPSE_POLICIES, INTEGRITY_POLICIES
 
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """TRL loss types that clip the ratio as PPO does (``min(w A, clip(w) A)``): moestab's ``ppo-clip``."""
@@ -53,6 +53,11 @@ class RecordSettings:
     :mod:`moestab.metrics.integrity`): ``warn`` (log the first failing step, record it in run.json's warnings) or
     ``refuse`` (write the step, then stop training with :class:`~moestab.metrics.integrity.BrokenCaptureError` naming
     the step, layer and check). TRL's updates route freely, so no captured route is replayed either way."""
+    on_collapse_warning: str = "log"
+    """What a collapse warning does (``collapse/*`` keys, docs/collapse.md; the rule reads the recorded steps' keys,
+    plus TRL's logged ``reward`` and ``grad_norm`` as ``reward/mean`` and ``grad_norm``): ``log`` (logged, in
+    run.json's warnings) or ``stop`` (also ask the Trainer to save a checkpoint and stop: ``control.should_save``,
+    ``should_training_stop``; run.json ends ``interrupted`` with the warning)."""
     report_expert_load_matrix: bool = False
     """Also send ``experts/load`` whole through TRL's ``log``, a series per layer and expert (6,144 a step for 48
     layers of 128 experts); by default only its summary goes (``moestab/experts/load/max_vio_max``, ``max_vio_mean``,
@@ -63,6 +68,9 @@ class RecordSettings:
             raise ValueError(f"record_fraction must be in (0, 1], got {self.record_fraction}")
         if self.route_integrity not in INTEGRITY_POLICIES:
             raise ValueError(f"route_integrity must be one of {list(INTEGRITY_POLICIES)}, got {self.route_integrity!r}")
+        if self.on_collapse_warning not in COLLAPSE_POLICIES:
+            raise ValueError(f"on_collapse_warning must be one of {list(COLLAPSE_POLICIES)}, got "
+                             f"{self.on_collapse_warning!r}")
         if not isinstance(self.budget, MeasureBudget):
             raise ValueError(f"budget must be a moestab.recording.measure_budget.MeasureBudget, got {self.budget!r}")
 

@@ -35,7 +35,9 @@ from moestab.integrations.trl.forwards import MicroStep, TrlForwards
 from moestab.integrations.trl.settings import RecordSettings, check_supported, clip_rule, cycle_layout, run_config
 from moestab.integrations.trl.stillness import stillness
 from moestab.metrics import keys
+from moestab.metrics.collapse_warning import CollapseWarning
 from moestab.recording.capture_check import verdict, warn_once
+from moestab.recording.collapse_watch import CollapseMonitor
 from moestab.recording.environment import environment as run_environment
 from moestab.recording.measure_budget import RULE
 from moestab.recording.measurements import (
@@ -144,6 +146,9 @@ class TrlRecords:
         self._started = 0.0
         self._warned: set[str] = set()  # kinds of stillness already reported: each once a run
         self._unlogged: list[dict[str, float]] = []  # the tracker scalars of steps written since TRL's last log
+        self.collapse = CollapseMonitor(settings.on_collapse_warning)
+        self.collapse_stop: str | None = None  # the warning that stopped training (on_collapse_warning="stop")
+        self._trl_logged: dict[str, float] = {}  # TRL's last logged values of the rule's baseline signals
 
     # ---- the run ---------------------------------------------------------------------------------
     @contextmanager
@@ -174,7 +179,9 @@ class TrlRecords:
             finally:
                 # a cycle cut off by the end of training is not written
                 self._cycle, self._measuring, self._stack = None, None, None
-            if self.writer is not None:
+            if self.writer is not None and self.collapse_stop is not None:
+                self.writer.update(status=schema.STATUS_INTERRUPTED, error=self.collapse_stop)
+            elif self.writer is not None:
                 self.writer.update(status=schema.STATUS_FINISHED)
 
     def _stop(self, status: str, exc: BaseException) -> None:
@@ -319,6 +326,7 @@ class TrlRecords:
         measured = {keys.TIME_STEP: time.perf_counter() - cycle.started, keys.MINIBATCHES: self.layout.optimizer_steps,
                     **measured_metrics(m.measures)}
         metrics = step_metrics(t, replay="off", measured=measured)  # no updates: TRL logs its loss and grad norm
+        warning = self._watch(step, metrics)
         del cycle, m  # the recorded forwards' parts (all in t now) are freed before the table is built beside t
         write_step_tokens(self.writer, step, t, record_fraction=self.settings.record_fraction,
                           seed=int(self.trainer.args.seed) + step, layer_slots=self.layer_slots)
@@ -327,10 +335,34 @@ class TrlRecords:
         self._unlogged.append(scalars(metrics, expert_load_matrix=self.settings.report_expert_load_matrix))
         self._warn_if_still(step, t, metrics)
         self._warn_if_nothing_to_learn(step, metrics)
+        if warning is not None:
+            self._warned_collapse(warning)
         broken = verdict(metrics, step=step, policy=self.settings.route_integrity)  # refuse: raised, step written
         if broken is not None:
             warn_once(broken, self.writer.read_info().warnings, self.writer.add_warning,
                       lambda m: logger.warning("moestab: %s", m))
+
+    def logged(self, logs: dict[str, float]) -> None:
+        """TRL's own logged numbers that the collapse rule reads (:data:`TRL_SIGNALS`), kept for the next step."""
+        self._trl_logged.update({key: float(logs[name]) for name, key in TRL_SIGNALS.items()
+                                 if isinstance(logs.get(name), int | float)})
+
+    def _watch(self, step: int, metrics: dict[str, Any]) -> CollapseWarning | None:
+        """The collapse watch fed the step (TRL's last logged reward and grad norm with it); its keys added to
+        ``metrics``."""
+        added, warning = self.collapse.observe(step, {**self._trl_logged, **metrics})
+        metrics.update(added)
+        note = self.collapse.missing_note()
+        if note is not None:
+            logger.warning("moestab: %s", note)
+        return warning
+
+    def _warned_collapse(self, warning: CollapseWarning) -> None:
+        message = self.collapse.message(warning)
+        logger.warning("moestab: %s", message)
+        self.writer.add_warning(message)
+        if self.collapse.policy == "stop":
+            self.collapse_stop = message
 
     def unlogged(self) -> dict[str, float]:
         """The tracker scalars (``moestab/<key>``) of the steps written since the last call, for TRL's next log: one
@@ -365,6 +397,11 @@ class TrlRecords:
         self.writer.add_warning(message)
 
 
+TRL_SIGNALS = {"reward": keys.REWARD_MEAN, "grad_norm": keys.GRAD_NORM}
+"""TRL's logged names -> the keys the collapse rule reads them as (the batch's mean reward; the gradient norm before
+clipping). They are TRL's latest logged values when a step ends: those of its previous optimizer step."""
+
+
 class _CycleEnd(TrainerCallback):
     """Tells :class:`TrlRecords` when training starts and when each optimizer step has ended."""
 
@@ -376,6 +413,13 @@ class _CycleEnd(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.records.step_end(int(state.global_step))
+        if self.records.collapse_stop is not None:  # on_collapse_warning="stop": a checkpoint, then the end
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        # The Trainer's callback gets the line as logged, TRL's own numbers (reward) merged in by its log().
+        self.records.logged(logs or {})
 
 
 class RoutingRecords:
