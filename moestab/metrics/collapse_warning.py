@@ -26,8 +26,9 @@ ONSET_DROP = 0.05
 
 @dataclass(frozen=True)
 class Signal:
-    """A per-step metrics.jsonl ``key`` that moves in ``direction`` (+1 rises, -1 falls) before a collapse;
-    ``family``: ``routing`` / ``ratio`` / ``policy`` (moestab's) or ``baseline`` (what any trainer logs)."""
+    """A per-step metrics.jsonl ``key`` that moves in ``direction`` (+1 rises, -1 falls) before a collapse (a per-layer
+    list is read as its mean over layers); ``family``: ``routing`` / ``ratio`` / ``policy`` (moestab's) or
+    ``baseline`` (what any trainer logs)."""
 
     name: str
     key: str
@@ -162,9 +163,9 @@ class CollapseWatch:
         """Feed step ``step``'s metrics (a missing or non-finite value leaves its signal as it was: an unmeasured
         step); the warning that fires at this step, if any."""
         for name, track in self._tracks.items():
-            value = metrics.get(SIGNALS[name].key)
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                self._feed(track, float(value))
+            value = _scalar(metrics.get(SIGNALS[name].key))
+            if value is not None:
+                self._feed(track, value)
         z = self.z_scores()
         if z is None:
             self.score = None
@@ -212,6 +213,17 @@ def collapse_onset(steps: Sequence[int], accuracies: Sequence[float], start: flo
     while first > 0 and accuracies[first - 1] < start - ONSET_DROP:
         first -= 1
     return int(steps[first])
+
+
+def _scalar(value: object) -> float | None:
+    """A signal's value at a step: a finite number, or a per-layer list's mean over its finite entries
+    (``experts/load_entropy``); None for anything else (missing, null, NaN)."""
+    if isinstance(value, list):
+        finite = [float(v) for v in value if _scalar(v) is not None]
+        return sum(finite) / len(finite) if finite else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _median(ordered: list[float]) -> float:

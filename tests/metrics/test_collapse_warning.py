@@ -112,3 +112,13 @@ def test_a_replayed_history_gives_the_live_state() -> None:
 def test_a_bad_rule_is_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         WarningRule(threshold=1.0, **kwargs)
+
+
+def test_a_per_layer_signal_is_read_as_its_mean_over_layers() -> None:
+    rule = WarningRule(signals=("load_entropy",), weights=(1.0,), threshold=1e9, baseline_steps=2)
+    watch = CollapseWatch(rule)
+    key = SIGNALS["load_entropy"].key
+    for step, layers in enumerate([[2.0, 4.0], [3.0, None, 3.0], [1.0, 1.0]], start=1):
+        watch.update(step, {key: layers})
+    # baseline: means 3.0 and 3.0 (median 3, scale 0.1 * 3); smoothed mean 0.3 * 1 + 0.7 * 3 = 2.4; falls: +2.0
+    assert watch.score == pytest.approx((3.0 - 2.4) / 0.3)
