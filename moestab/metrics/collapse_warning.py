@@ -95,8 +95,14 @@ class WarningRule:
         return f"{self.intercept:+.3g} {terms} > {self.threshold:g}"
 
 
-DEFAULT_RULE = WarningRule(signals=("reward",), weights=(1.0,), threshold=3.0, name="provisional")
-"""The rule every trainer watches with (PROVISIONAL until the study's fit: docs/collapse.md)."""
+DEFAULT_RULE = WarningRule(
+    signals=("reward", "kl", "clip", "grad_norm", "vol", "rollout_flip", "load_entropy"),
+    weights=(-0.190223, 0.035787, -1.085331, -0.071956, 0.58107, -0.839562, 2.745656),
+    intercept=-4.415302, threshold=-1.25, name="logit:baselines+routing",
+)
+"""The rule every trainer watches with: the one issue 57's study chose on its development runs (a logistic model of
+the baselines' and the routing signals' z-scores, calibrated to 0.5 false alarms per 100 steps there;
+docs/collapse_results/chosen.json, which a test holds it to). Its measured recall and false alarms: docs/collapse.md."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ fit against plain gradient descent, calibration, and the registration docs/colla
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from moestab.experiments import collapse_study as study
 from moestab.experiments.registration import check_registered
-from moestab.metrics.collapse_warning import SIGNALS, WarningRule
+from moestab.metrics.collapse_warning import DEFAULT_RULE, SIGNALS, WarningRule
 
 ROOT = Path(__file__).resolve().parents[2]
 VOL = SIGNALS["vol"].key
@@ -111,3 +112,8 @@ def test_the_chosen_candidate_is_the_one_that_sees_the_planted_signal() -> None:
     assert s["recall"] == 1.0 and s["false_alarms_per_100"] <= study.FALSE_ALARMS_PER_100
     round_trip = study.rule_from_dict(study.rule_to_dict(chosen))
     assert round_trip == chosen
+
+
+def test_the_default_rule_is_the_one_the_study_chose() -> None:
+    chosen = json.loads((ROOT / "docs" / "collapse_results" / "chosen.json").read_text())["shipped"]
+    assert study.rule_from_dict(chosen) == DEFAULT_RULE
