@@ -127,6 +127,9 @@ LABELS: dict[str, tuple[str, str]] = {
     keys.HISTORY_SKIPPED: ("Prompts skipped as solved", "% of drawn prompts"),
     keys.HISTORY_KEPT_SOLVED: ("Solved prompts kept", "% of drawn prompts"),
     keys.EVAL_ACCURACY: ("Eval accuracy (greedy, fixed eval set)", "% correct"),
+    keys.COLLAPSE_SCORE: ("Collapse warning rule's score", "score (warns above the rule's threshold)"),
+    keys.COLLAPSE_WARNING: ("Collapse warning", "1 at a warning"),
+    keys.COLLAPSE_WARNING_ON: ("Collapse warning on {signal}", "1 at a warning"),
 }
 """Scalar key pattern of :data:`moestab.metrics.keys.TABLE` -> (title, unit); ``{pair}`` in a title is the pair in
 words (:data:`PAIR_WORDS`), ``{q}`` the quantile. Every scalar row has one (tests/analysis/test_labels.py)."""
