@@ -33,11 +33,11 @@ IDENTITY_FIELDS = frozenset({"seed", "out", "resume", "cache_dir", "overwrite", 
 which condition it ran."""
 MEASUREMENT_FIELDS = frozenset({"measure_every", "measure_fraction", "eval_every", "eval_size", "save_every",
                                 "threads", "record_fraction", "record_layers", "routing_share",
-                                "measure_base_routes", "route_integrity"})
+                                "measure_base_routes", "route_integrity", "on_collapse_warning"})
 """Config fields that say what was measured, how often, or how the run was computed, not how it trained: the
 measurement budget and its cadence, the eval cadence and size, the save cadence, torch's threads, the token tables'
-share and layers, the measure-only forwards (routing's share, the distance from the base) and the route-integrity
-policy."""
+share and layers, the measure-only forwards (routing's share, the distance from the base), the route-integrity
+policy and the collapse-warning policy."""
 NOT_CONDITION_FIELDS = IDENTITY_FIELDS | MEASUREMENT_FIELDS
 """Left out of the default grouping, so that the seeds of one condition fall into one group however each was
 measured (the quick start measures every 4th step, a sweep every step; a GRPO run planned for 17 steps and one for

@@ -222,14 +222,23 @@ def collapse_onset(steps: Sequence[int], accuracies: Sequence[float], start: flo
 
 
 def _scalar(value: object) -> float | None:
-    """A signal's value at a step: a finite number, or a per-layer list's mean over its finite entries
-    (``experts/load_entropy``); None for anything else (missing, null, NaN)."""
+    """A signal's value at a step: a finite number, or a per-layer list's mean over its finite numbers
+    (``experts/load_entropy``); None for anything else (missing, null, NaN, a nested list, an integer too large for a
+    float): a run folder is untrusted input."""
     if isinstance(value, list):
-        finite = [float(v) for v in value if _scalar(v) is not None]
+        finite = [v for v in (_number(item) for item in value) if v is not None]
         return sum(finite) / len(finite) if finite else None
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return _number(value)
+
+
+def _number(value: object) -> float | None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _median(ordered: list[float]) -> float:

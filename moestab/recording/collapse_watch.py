@@ -69,16 +69,16 @@ class CollapseMonitor:
         """Feed steps already recorded (a resumed run's), silently: the state a run that never stopped would have."""
         for step, metrics in history:
             self.observe(step, metrics)
+        self.missing_note()  # due before the run stopped: it was said then, so it is marked said, not said again
         return self
 
     def replay_run(self, run_dir: str | Path, through: int) -> CollapseMonitor:
         """:meth:`replay` of ``run_dir``'s metrics.jsonl up to step ``through`` (none when it has no file yet)."""
         if through < 1 or not (Path(run_dir) / "metrics.jsonl").is_file():
             return self
-        m = load_metrics(run_dir)
+        m = load_metrics(run_dir, skipped=[], keys=self.rule.keys)  # a bad line is left out, as the live step was
         m = m[m[keys.STEP] <= through]
-        present = [k for k in self.rule.keys if k in m]
-        return self.replay((int(row[keys.STEP]), row) for row in m[[keys.STEP, *present]].to_dict("records"))
+        return self.replay((int(row[keys.STEP]), row) for row in m.to_dict("records"))
 
     def observe(self, step: int, metrics: Mapping[str, object]) -> tuple[dict[str, object], CollapseWarning | None]:
         """Feed step ``step``: the keys to add to its line and the warning that fired, if any."""
@@ -118,22 +118,30 @@ class Watched:
 def watch_run(run: str | Path, *, follow: bool = True, interval: float = 2.0, say: Callable[[str], None] = print,
               sleep: Callable[[float], None] = time.sleep, monitor: CollapseMonitor | None = None) -> Watched:
     """Read ``run``'s metrics.jsonl step by step, saying each warning as it fires (and why none can fire, once);
-    with ``follow``, keep reading every ``interval`` seconds until run.json says the run is no longer running.
-    ``RunError`` when ``run`` is not a readable run folder (checked first)."""
+    with ``follow``, keep reading every ``interval`` seconds while the run is live (run.json ``running`` and its
+    writer alive: a killed run ends the watch). A file rewritten from an earlier step (a resumed run) is watched
+    again from its start: the steps already said are fed silently, the rest as they come. ``RunError`` when ``run``
+    is not a readable run folder (checked first)."""
     run = Path(run)
-    seen = Watched(status=read_run_info(run).status)
-    monitor = monitor or CollapseMonitor()
+    seen = Watched(status=read_run_info(run).live_status())
+    fresh = monitor or CollapseMonitor()
+    monitor = fresh
     follower = MetricsFollower(run, seen.skipped)
-    said = 0
+    said, restarts, silent_until = 0, 0, 0
     say(f"watching {run} ({seen.status}); rule: {monitor.rule.describe()}")
     while True:
-        running = read_run_info(run).status == schema.STATUS_RUNNING  # before reading: no line lost at the end
-        for row in follower.new_rows():
+        running = read_run_info(run).live_status() == schema.STATUS_RUNNING  # before reading: no line lost
+        for row in follower.new_rows(final=not running):
+            if follower.restarts != restarts:  # the file was rewritten: its state is rebuilt from its first line
+                restarts, silent_until = follower.restarts, seen.last_step
+                monitor, seen.last_step = CollapseMonitor(fresh.policy, fresh.rule), 0
             step = int(row[keys.STEP])
-            if step <= seen.last_step:  # a repeated or earlier step (a resumed run's rewrite): already watched
+            if step <= seen.last_step:  # a repeated or earlier step of a damaged file: already watched
                 continue
             seen.last_step = step
             _, warning = monitor.observe(step, row)
+            if step <= silent_until:
+                continue
             note = monitor.missing_note()
             if note is not None:
                 say(note)
@@ -146,7 +154,7 @@ def watch_run(run: str | Path, *, follow: bool = True, interval: float = 2.0, sa
         if not (follow and running):
             break
         sleep(interval)
-    seen.status = read_run_info(run).status
+    seen.status = read_run_info(run).live_status()
     say(f"{run}: {seen.status} at step {seen.last_step}; {len(seen.warnings)} collapse warning(s)"
         + (f" (steps {', '.join(map(str, seen.warnings))})" if seen.warnings else ""))
     return seen

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,9 @@ def _metrics_line(path: Path, number: int, line: str, skipped: list[Skipped] | N
     except json.JSONDecodeError as exc:
         skip(skipped, RunFileError(path, f"line {number} is not valid JSON ({exc.msg})"), line=number)
         return None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        skip(skipped, RunFileError(path, f"line {number} cannot be read ({exc})"), line=number)
+        return None
     step = row.get("step") if isinstance(row, dict) else None
     if isinstance(step, bool) or not isinstance(step, int):
         skip(skipped, RunFileError(path, f"line {number} is not an object with an integer 'step'"), line=number)
@@ -124,29 +128,50 @@ def _metrics_line(path: Path, number: int, line: str, skipped: list[Skipped] | N
 
 class MetricsFollower:
     """Reads the lines a run appends to its metrics.jsonl as it is written (``moestab watch``): each call to
-    :meth:`new_rows` returns the complete lines added since the last one, checked as :func:`load_metrics` checks
-    them (a bad line goes to ``skipped``); a line still being written (no newline yet) waits for the next call."""
+    :meth:`new_rows` yields the complete lines added since the last one, checked as :func:`load_metrics` checks
+    them (a bad line goes to ``skipped``), a few MB at a time; a line still being written (no newline yet) waits for
+    the next call, or is read as it is with ``final``. A file replaced or cut shorter (a resumed run rewrites it) is
+    read again from its first line, and :attr:`restarts` counts it."""
+
+    CHUNK = 1 << 22
 
     def __init__(self, run: str | Path, skipped: list[Skipped]) -> None:
         self.path = Path(run) / schema.METRICS_JSONL
         self.skipped = skipped
+        self.restarts = 0
         self._offset = 0
         self._number = 0
+        self._inode: int | None = None
 
-    def new_rows(self) -> list[dict[str, Any]]:
-        """The rows of the complete lines appended since the last call (none while the file does not exist)."""
+    def new_rows(self, *, final: bool = False) -> Iterator[dict[str, Any]]:
+        """The rows of the complete lines appended since the last call (none while the file does not exist);
+        ``final`` (the run has ended): a last line without a newline too."""
         try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
+            f = self.path.open("rb")
         except FileNotFoundError:
-            return []
+            return
         except OSError as exc:
             raise RunFileError(self.path, f"unreadable ({exc})") from exc
-        end = data.rfind(b"\n") + 1  # only whole lines; a torn last one is read again next time
-        self._offset += end
-        rows = []
-        for raw in data[:end].splitlines():
+        with f:
+            stat = os.fstat(f.fileno())
+            if self._inode is not None and (stat.st_ino != self._inode or stat.st_size < self._offset):
+                self._offset, self._number = 0, 0
+                self.restarts += 1
+            self._inode = stat.st_ino
+            f.seek(self._offset)
+            carry = b""
+            while data := f.read(self.CHUNK):
+                data = carry + data
+                end = data.rfind(b"\n") + 1  # whole lines only; the rest is carried to the next read
+                carry = data[end:]
+                self._offset += end
+                yield from self._rows(data[:end])
+            if final and carry.strip():
+                self._offset += len(carry)
+                yield from self._rows(carry)
+
+    def _rows(self, data: bytes) -> Iterator[dict[str, Any]]:
+        for raw in data.splitlines():
             self._number += 1
             try:
                 line = raw.decode("utf-8")
@@ -156,8 +181,7 @@ class MetricsFollower:
                 continue
             row = _metrics_line(self.path, self._number, line, self.skipped)
             if row is not None:
-                rows.append(row)
-        return rows
+                yield row
 
 
 METRICS_CHUNK_ROWS = 8192

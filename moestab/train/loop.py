@@ -346,10 +346,11 @@ class _Steps:
                 return
             metrics = self.step(step, engine, share, report)
             progress.update(metrics)
-            if self.world.broadcast(self.collapse_stop if self.main else None):  # every rank stops together
+            stop = self.world.broadcast(self.collapse_stop if self.main else None)  # every rank stops together
+            if stop and step < config.steps:  # at the last step the run simply finishes
                 if self.saved_step != step:
                     self.save(step)
-                run.stopped_by_warning()
+                run.stopped_by_warning(stop)
                 return
             zero_steps = zero_steps + 1 if metrics[keys.ADVANTAGE_NONZERO] == 0 else 0
             if config.max_zero_advantage_steps and zero_steps >= config.max_zero_advantage_steps:
@@ -419,7 +420,8 @@ class _Steps:
         """A warning logged and kept in run.json; under ``--on-collapse-warning stop`` the run stops after the step."""
         message = self.collapse.message(warning, resume=f"moestab train --resume {self.run.run_dir}")
         self.log(message)
-        self.run.writer.add_warning(message)
+        if message not in self.run.writer.read_info().warnings:  # a step run again after a crash warns once
+            self.run.writer.add_warning(message)
         if self.collapse.policy == "stop":
             self.collapse_stop = message
 

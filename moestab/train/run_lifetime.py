@@ -143,7 +143,7 @@ class TrainRun:
         self.writer = RunWriter(self.folder.path)
         self.interrupt = GracefulInterrupt()
         self.step, self.status, self.stop_signal = 0, schema.STATUS_FINISHED, 0
-        self.collapse_stop = False
+        self.collapse_stop, self.stop_message = False, ""
         self.final_accuracy: float | None = None
 
     @property
@@ -215,14 +215,18 @@ class TrainRun:
         self.log(f"\ninterrupted ({self.interrupt.signal_name or 'on another rank'}){what}; "
                  f"continue with `moestab train --resume {self.run_dir}`")
 
-    def stopped_by_warning(self) -> None:
+    def stopped_by_warning(self, message: str) -> None:
         """The run stops ``interrupted`` after the step it is at, because a collapse warning fired under
-        ``--on-collapse-warning stop`` (the warning's message, logged already, says how to go on)."""
-        self.status, self.collapse_stop = schema.STATUS_INTERRUPTED, True
+        ``--on-collapse-warning stop``; ``message`` (logged already: the step, the signal, how to go on) is kept as
+        run.json's ``error``."""
+        self.status, self.collapse_stop, self.stop_message = schema.STATUS_INTERRUPTED, True, message
 
     def finish(self) -> None:
         """Rank 0's: the status the steps ended with, the last step and the final eval accuracy."""
-        if self.main:
+        if self.main and self.collapse_stop:
+            self.writer.update(status=self.status, last_step=self.step, final_accuracy=self.final_accuracy,
+                               error=self.stop_message)
+        elif self.main:
             self.writer.update(status=self.status, last_step=self.step, final_accuracy=self.final_accuracy)
 
     def _record(self, status: str, error: str, last_step: int) -> None:

@@ -16,7 +16,7 @@ from datasets import Dataset
 from moestab.integrations.trl import MoestabGRPOTrainer, RecordSettings
 from moestab.integrations.trl import trainer as trl_trainer
 from moestab.metrics import keys
-from moestab.metrics.collapse_warning import WarningRule
+from moestab.metrics.collapse_warning import DEFAULT_RULE, WarningRule
 from moestab.models import EmbeddedModelSpec, build_embedded_policy
 from moestab.recording.collapse_watch import CollapseMonitor
 from moestab.run_folder.reader import load_metrics, read_run_info
@@ -43,6 +43,10 @@ def test_stop_saves_a_checkpoint_and_ends_the_run_interrupted(monkeypatch: pytes
     assert any(w.startswith("collapse warning at step 2") for w in info.warnings)
     m = load_metrics(tmp_path / "run").set_index(keys.STEP)
     assert m.loc[2, keys.COLLAPSE_WARNING] == 1 and m.loc[2, "collapse/warning_on/reward"] == 1
+    # The shipped rule under TRL: every signal but the updates' KL is there (TRL's records hold no update metrics), so
+    # it never fires; the watch says so once (docs/collapse.md, docs/integrations.md).
+    there = set(m.columns) | set(trl_trainer.TRL_SIGNALS.values())
+    assert set(DEFAULT_RULE.keys) - there == {keys.LOSS_KL_OLD_NEW_K3}
 
 
 def test_a_bad_policy_is_refused(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ keys and run.json entry under ``log``; under ``stop``, :class:`CollapseStop` aft
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import partial
 from pathlib import Path
@@ -66,3 +67,20 @@ def test_a_bad_policy_is_refused_before_anything_is_written(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"on_collapse_warning must be one of \['log', 'stop'\]"):
         DiagnosticsRun(tmp_path / "run", trainer="x", layers=[0], num_experts=8, top_k=2, on_collapse_warning="halt")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_monitor_rebuilt_from_the_run_folder_goes_on_as_the_live_one(tmp_path: Path) -> None:
+    rule = WarningRule(signals=("reward",), weights=(1.0,), threshold=2.0, baseline_steps=4, refractory=5)
+    rewards = [0.5, 0.52, 0.49, 0.5, 0.51, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2]
+    rows = [(s, {keys.STEP: s, keys.REWARD_MEAN: r}) for s, r in enumerate(rewards, start=1)]
+    live = CollapseMonitor(rule=rule)
+    fired_live = [s for s, m in rows if live.observe(s, m)[1] is not None]
+    assert len(fired_live) >= 2  # the resume below falls between two warnings
+    cut = fired_live[0] + 1
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for _, m in rows))  # steps past the cut too
+    resumed = CollapseMonitor(rule=rule).replay_run(run, through=cut)
+    fired_resumed = [s for s, m in rows[cut:] if resumed.observe(s, m)[1] is not None]
+    assert fired_resumed == [s for s in fired_live if s > cut]
+    assert resumed.watch.score == live.watch.score

@@ -5,6 +5,8 @@ status."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,11 @@ def _set_status(run: Path, status: str) -> None:
 
 @pytest.fixture
 def running(tmp_path: Path) -> Path:
+    """A run being written by this process (run.json ``running``, its writer this live pid)."""
     run = write_run(tmp_path, status="running").path
+    info = json.loads((run / schema.RUN_JSON).read_text())
+    writer = {**info.get("writer", {}), "host": socket.gethostname(), "pid": os.getpid()}
+    (run / schema.RUN_JSON).write_text(json.dumps({**info, "writer": writer}))
     (run / schema.METRICS_JSONL).write_text("")
     return run
 
@@ -73,3 +79,37 @@ def test_no_follow_reads_once_and_the_command_says_what_it_found(running: Path, 
 def test_a_folder_that_is_not_a_run_is_refused(tmp_path: Path, capsys) -> None:
     assert main(["watch", str(tmp_path), "--no-follow"]) == 1
     assert "moestab watch: error:" in capsys.readouterr().err
+
+
+def test_a_rewritten_file_is_watched_again_from_its_start(running: Path) -> None:
+    """A resume rewrites metrics.jsonl from its checkpoint: the follower starts over from the first line; the steps
+    already said are fed silently, the steps after them are watched as they come."""
+    metrics = running / schema.METRICS_JSONL
+    flat, low = [0.5, 0.52, 0.48, 0.5, 0.51, 0.49], [0.1] * 6
+    metrics.write_text("".join(_line(s, r) for s, r in enumerate(flat + low[:4], start=1)))  # warns at step 8
+    said: list[str] = []
+
+    def sleep(_: float) -> None:
+        rounds = sleep.rounds = getattr(sleep, "rounds", 0) + 1
+        if rounds == 1:  # the run crashed after step 10 and resumes from step 6: the file is cut and rewritten
+            metrics.write_text("".join(_line(s, r) for s, r in enumerate(flat, start=1)))
+        elif rounds == 2:
+            with metrics.open("a") as f:
+                f.write("".join(_line(s, 0.1) for s in range(7, 15)) + _line(15, 0.1).rstrip("\n"))  # no newline
+            _set_status(running, "finished")
+
+    seen = watch_run(running, interval=0.0, say=said.append, sleep=sleep, monitor=CollapseMonitor(rule=RULE))
+    # step 8 before the crash; redone after the resume (steps 7-10 fed silently: already said), then 13
+    assert seen.warnings == [8, 13]
+    assert seen.last_step == 15  # the last line, written without a newline, is read once the run has ended
+    assert not [s for s in said if "left out" in s]
+
+
+def test_a_run_whose_writer_is_gone_ends_the_watch(running: Path) -> None:
+    info = json.loads((running / schema.RUN_JSON).read_text())
+    writer = {**info.get("writer", {}), "host": socket.gethostname(), "pid": 2**22 + 12345}  # no such process
+    (running / schema.RUN_JSON).write_text(json.dumps({**info, "status": "running", "writer": writer}))
+    (running / schema.METRICS_JSONL).write_text(_line(1, 0.5))
+    slept: list[float] = []
+    seen = watch_run(running, interval=0.0, say=lambda s: None, sleep=slept.append)
+    assert seen.status == "stopped" and slept == []  # a killed run is not followed forever

@@ -48,6 +48,7 @@ def test_stop_saves_the_step_and_a_resume_goes_on_without_the_same_warning(firin
     assert exit_status(stopped.status, stopped.stop_signal, stopped.collapse_stop) == EXIT_COLLAPSE_STOP
     info = read_run_info(run)
     assert info.status == "interrupted" and info.last_step == 2
+    assert info.error.startswith("collapse warning at step 2: reward")
     assert (run / "checkpoints" / "step_000002").is_dir()  # saved although save_every is 10
     message = next(line for line in lines if line.startswith("collapse warning"))
     assert "stopped" in message and f"moestab train --resume {run}" in message
@@ -55,6 +56,13 @@ def test_stop_saves_the_step_and_a_resume_goes_on_without_the_same_warning(firin
     assert resumed.status == "finished" and resumed.last_step == 5
     m = load_metrics(run)
     assert m[keys.COLLAPSE_WARNING].sum() == 1  # the replayed watch remembers the warning of step 2
+
+
+def test_a_warning_at_the_last_step_lets_the_run_finish(firing, tmp_path: Path) -> None:
+    result = train(tiny_config(tmp_path / "run", tmp_path / "cache", steps=2, on_collapse_warning="stop"))
+    assert (result.status, result.last_step, result.collapse_stop) == ("finished", 2, False)
+    assert result.final_accuracy is not None
+    assert [w for w in read_run_info(tmp_path / "run").warnings if w.startswith("collapse warning at step 2")]
 
 
 def test_a_rule_whose_signal_is_missing_says_so_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

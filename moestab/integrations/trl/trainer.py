@@ -351,6 +351,7 @@ class TrlRecords:
         """The collapse watch fed the step (TRL's last logged reward and grad norm with it); its keys added to
         ``metrics``."""
         added, warning = self.collapse.observe(step, {**self._trl_logged, **metrics})
+        self._trl_logged = {}  # each logged value feeds one step (TRL may log less often than a step ends)
         metrics.update(added)
         note = self.collapse.missing_note()
         if note is not None:
