@@ -28,6 +28,7 @@ run() {  # run NAME COMMAND...: the command's output in OUT/NAME.log, with the l
 run routing-2threads $PY bench/bench_routing.py --rounds 15 --threads 2
 run routing-trainer $PY bench/bench_routing.py --rounds 100 --threads 1 --skip-large
 run analysis $PY bench/bench_analysis.py
+run collapse-watch $PY bench/bench_collapse_watch.py --steps 20000 --rounds 5
 run diagnostics $PY bench/bench_diagnostics.py --rounds 3
 run train-budget1 $PY bench/bench_train.py --threads 1 --rounds 20 --micro-rounds 30 --prompts 32 --measure-fraction 1 \
   --measure-every 1
