@@ -279,26 +279,48 @@ def test_page_renders_its_charts_in_chromium(server: str, page: Page, path: str,
     assert shot.stat().st_size > 30_000  # a page of tables and charts, not a blank or skeleton page
 
 
+# The text of Vega's tooltip while it is shown, else false.
+TOOLTIP_TEXT = """() => {
+  const tooltip = document.querySelector('#vg-tooltip-element.visible');
+  return tooltip && tooltip.innerText.trim() ? tooltip.innerText : false;
+}"""
+
+
 def hover_tooltip(page: Page, marks, deadline_s: float = 120.0) -> str:
     """The tooltip Vega-Lite shows with the pointer over ``marks``. Waits for the tooltip itself, not for a fixed
     time: under load a chart may take seconds to attach its handlers, and a pointer that arrived before them shows
     nothing until it moves, so the pointer leaves and comes back (a little off the centre each time) until the
-    tooltip shows or ``deadline_s`` has passed (issue 55.9)."""
-    tooltip = page.locator("#vg-tooltip-element.visible")
+    tooltip shows or ``deadline_s`` has passed (issue 55.9). The marks are scrolled into view first: a browser may
+    give the page less height than asked for, and a pointer cannot reach what lies below the window. The tooltip's
+    text is read in the same step that sees it shown: a tooltip can hide again before a second look (CI once saw it
+    shown, then waited 120 s for its text). On failure the message says what the pointer was over."""
     deadline = time.monotonic() + deadline_s
     attempt = 0
     while True:
+        marks.scroll_into_view_if_needed()
         box = marks.bounding_box()
         shift = (attempt % 5 - 2) * 0.05  # the centre, then a little either side of it
-        page.mouse.move(box["x"] + box["width"] * (0.5 + shift), box["y"] + box["height"] * (0.5 + shift), steps=4)
+        x, y = box["x"] + box["width"] * (0.5 + shift), box["y"] + box["height"] * (0.5 + shift)
+        page.mouse.move(x, y, steps=4)
         try:
-            tooltip.wait_for(timeout=5_000)
-            return tooltip.inner_text()
-        except PlaywrightTimeout:
+            return page.wait_for_function(TOOLTIP_TEXT, timeout=5_000).json_value()
+        except PlaywrightTimeout as error:
             if time.monotonic() > deadline:
-                raise
+                raise AssertionError(f"no tooltip after {attempt + 1} tries; {pointer_report(page, x, y, box)}") \
+                    from error
         page.mouse.move(0, 0)  # leave the chart, so that the next arrival is a new pointerover
         attempt += 1
+
+
+def pointer_report(page: Page, x: float, y: float, box: dict) -> str:
+    """What lies under the pointer at (x, y), the marks' box and the window's size: why a hover showed nothing."""
+    under = page.evaluate("""([x, y]) => {
+      const e = document.elementFromPoint(x, y);
+      if (!e) return 'nothing';
+      return `${e.tagName} class=${e.getAttribute('class')} in ${e.parentElement?.getAttribute('class')}`;
+    }""", [x, y])
+    window = page.evaluate("[window.innerWidth, window.innerHeight, window.scrollY]")
+    return f"pointer at ({x:.0f}, {y:.0f}) over {under}; marks' box {box}; window (width, height, scrollY) {window}"
 
 
 def test_charts_answer_the_pointer(server: str, page: Page) -> None:
