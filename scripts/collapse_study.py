@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = RESULTS / "chosen.json"
         if not chosen.is_file():
             parser.error(f"{chosen} is missing: run `fit` first (the rule is chosen on the development runs)")
-        written = study.write_report(every, json.loads(chosen.read_text()), RESULTS)
+        written = study.write_report(every, json.loads(chosen.read_text()), RESULTS, args.out)
     print("wrote", ", ".join(p.relative_to(ROOT).as_posix() for p in written))
     return 0
 

@@ -6,7 +6,8 @@
   docs/controlled.md); ``paired``: paired differences and their t-interval;
 - ``collapse_study``: issue 57's registered study of the collapse warning (onsets, hits, false alarms, the
   candidates' calibration and choice on development runs, the held-out report; docs/collapse.md);
-- ``figures``: mean +- sd curves over seeds (one axes, or one small panel per group), paired intervals;
+- ``figures``: mean +- sd curves over seeds (one axes, or one small panel per group), paired intervals, a warning
+  rule's per-run timelines and recall curves;
 - ``notebooks``: execute a jupytext notebook at a named size (``smoke`` / ``full``), papermill-style, and find
   the output lines a committed notebook must not show (machine paths, progress bars, warnings).
 """

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from moestab.experiments.grid import GridRun, grid_runs
+from moestab.experiments.powered import manifest
 from moestab.metrics import keys
 from moestab.metrics.collapse_warning import (
     COLLAPSE_DROP,
@@ -354,12 +355,10 @@ def _table(rules: Sequence[WarningRule], records: Sequence[RunRecord], split: st
              **summarize(score_rule(r, records))} for r in rules]
 
 
-def write_fit(runs: Sequence[StudyRun], dest: str | Path) -> list[Path]:
-    """Calibrate every candidate on the development runs, choose one (the registered selection) and the best of each
-    family comparison; write ``dev_candidates.csv``, ``dev_runs.csv`` and ``chosen.json``."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    dev = _records([r for r in runs if r.split == "dev"])
+def fit(dev: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """Calibrate every candidate on the development runs and choose one (the registered selection), with the best of
+    each family: ``(candidates, per-run rows of the chosen rule, choice)``, as ``dev_candidates.csv``,
+    ``dev_runs.csv`` and ``chosen.json`` hold them."""
     calibrated = [c for c in (calibrate(rule, dev, FALSE_ALARMS_PER_100) for rule in candidates(dev)) if c]
     chosen = select(calibrated, dev)
     baseline_only = [r for r in calibrated if all(SIGNALS[s].family == "baseline" for s in r.signals)]
@@ -367,21 +366,14 @@ def write_fit(runs: Sequence[StudyRun], dest: str | Path) -> list[Path]:
     choice = {"shipped": rule_to_dict(chosen), "best_baselines_only": rule_to_dict(select(baseline_only, dev)),
               "best_with_routing": rule_to_dict(select(with_routing, dev)),
               "calibrated": [rule_to_dict(r) for r in calibrated]}
-    paths = [dest / "dev_candidates.csv", dest / "dev_runs.csv", dest / "chosen.json"]
-    pd.DataFrame(_table(calibrated, dev, "dev")).to_csv(paths[0], index=False)
-    score_rule(chosen, dev).to_csv(paths[1], index=False)
-    paths[2].write_text(json.dumps(choice, indent=1) + "\n")
-    return paths
+    return pd.DataFrame(_table(calibrated, dev, "dev")), score_rule(chosen, dev), choice
 
 
-def write_report(runs: Sequence[StudyRun], choice: dict[str, Any], dest: str | Path) -> list[Path]:
-    """Score the chosen rules on the held-out runs once: ``held_out_runs.csv`` (the shipped rule, per run),
-    ``held_out.csv`` (every calibrated candidate, per held-out set and together) and the recall curve over
-    :data:`FA_GRID` on the development runs, re-calibrated per rate (``recall_curve.csv``)."""
-    dest = Path(dest)
-    held = _records([r for r in runs if r.split != "dev"])
-    dev = _records([r for r in runs if r.split == "dev"])
-    shipped = rule_from_dict(choice["shipped"])
+def report(dev: Sequence[RunRecord], held: Sequence[RunRecord],
+           choice: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Score the chosen rules on the held-out runs once: ``(per held-out run under the shipped rule, every
+    calibrated candidate per held-out set and together, the recall curve)``; the curve re-calibrates the shipped rule
+    and the best of each family on the development runs at each rate of :data:`FA_GRID`."""
     calibrated = [rule_from_dict(d) for d in choice["calibrated"]]
     rows = []
     for split in [*sorted({r.run.split for r in held}), "held_out"]:
@@ -394,8 +386,31 @@ def write_report(runs: Sequence[StudyRun], choice: dict[str, Any], dest: str | P
             if at is not None:
                 curve.append({"false_alarms_per_100_dev": fa, "rule": rule.name, "threshold": at.threshold,
                               **{f"held_out_{k}": v for k, v in summarize(score_rule(at, held)).items()}})
-    paths = [dest / "held_out_runs.csv", dest / "held_out.csv", dest / "recall_curve.csv"]
-    score_rule(shipped, held).to_csv(paths[0], index=False)
-    pd.DataFrame(rows).to_csv(paths[1], index=False)
-    pd.DataFrame(curve).to_csv(paths[2], index=False)
+    return score_rule(rule_from_dict(choice["shipped"]), held), pd.DataFrame(rows), pd.DataFrame(curve)
+
+
+def write_fit(runs: Sequence[StudyRun], dest: str | Path) -> list[Path]:
+    """:func:`fit` on the development runs of ``runs``, written to ``dest``: ``dev_candidates.csv``,
+    ``dev_runs.csv`` and ``chosen.json``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    table, per_run, choice = fit(_records([r for r in runs if r.split == "dev"]))
+    paths = [dest / "dev_candidates.csv", dest / "dev_runs.csv", dest / "chosen.json"]
+    table.to_csv(paths[0], index=False)
+    per_run.to_csv(paths[1], index=False)
+    paths[2].write_text(json.dumps(choice, indent=1) + "\n")
+    return paths
+
+
+def write_report(runs: Sequence[StudyRun], choice: dict[str, Any], dest: str | Path, own: str | Path) -> list[Path]:
+    """:func:`report` on ``runs``, written to ``dest``: ``held_out_runs.csv``, ``held_out.csv`` and
+    ``recall_curve.csv``; and ``manifest.csv``, the study's own runs (those under ``own``; the development runs
+    borrowed from issue 52 are in its manifest) with their hashes, times and commits."""
+    dest = Path(dest)
+    held = _records([r for r in runs if r.split != "dev"])
+    dev = _records([r for r in runs if r.split == "dev"])
+    paths = [dest / "held_out_runs.csv", dest / "held_out.csv", dest / "recall_curve.csv", dest / "manifest.csv"]
+    mine = [r.path for r in runs if r.path.is_relative_to(own)]
+    for path, table in zip(paths, [*report(dev, held, choice), manifest(mine, own)], strict=True):
+        table.to_csv(path, index=False)
     return paths

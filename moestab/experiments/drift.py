@@ -386,7 +386,7 @@ def write_results(design: DriftDesign, out: str | Path, dest: str | Path,
         "step_curves.csv": step_curves(finished),
         "replication.csv": (replication(table, pd.read_csv(committed_outcomes), design.powered.lr)
                             if committed_outcomes is not None and len(table) else pd.DataFrame()),
-        "manifest.csv": manifest(finished, out),
+        "manifest.csv": manifest([r.run_dir for r in finished], out),
     }
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""Figures shared by the notebooks: curves as mean +- sd over seeds (one axes, or one small panel per group), and
-paired differences with their intervals. An integer x (steps, layers, minibatches) gets integer ticks."""
+"""Figures shared by the notebooks: curves as mean +- sd over seeds (one axes, or one small panel per group), paired
+differences with their intervals, and a warning rule's record (per-run timelines of warnings and onsets, recall
+against the false-alarm rate). An integer x (steps, layers, minibatches) gets integer ticks."""
 
 from __future__ import annotations
 
@@ -71,3 +72,39 @@ def plot_intervals(ax, paired: pd.DataFrame, label: str = "arm", title: str | No
     ax.set_yticks(y, rows[label].tolist())
     if title:
         ax.set_title(title)
+
+
+def plot_warning_timelines(ax, runs: pd.DataFrame, horizon: int, steps: int) -> None:
+    """One row per run (a per-run table of :func:`moestab.experiments.collapse_study.score_run`, in its order from
+    the top): the rule's warnings as ticks, a collapsed run's onset as a cross and its hit window
+    (``[onset - horizon, onset - 1]``) shaded; a run's label says whether it collapsed and was warned in time, and
+    its lead. ``steps``: the runs' length (the x range)."""
+    labels = []
+    for y, row in enumerate(runs.itertuples(index=False)):
+        y = len(runs) - 1 - y  # the first row on top
+        warned = [int(w) for w in str(row.warnings).split()] if isinstance(row.warnings, str) else []
+        ax.hlines(y, 1, steps, color="0.85", linewidth=0.8)
+        if row.collapsed:
+            onset = int(row.onset)
+            ax.fill_betweenx([y - 0.35, y + 0.35], max(onset - horizon, 1), onset - 1, color="tab:orange", alpha=0.25,
+                             linewidth=0)
+            ax.plot([onset], [y], marker="x", color="tab:red", markersize=7)
+        if warned:
+            ax.plot(warned, [y] * len(warned), linestyle="none", marker="|", color="tab:blue", markersize=10)
+        outcome = ("hit, lead " + f"{row.lead:.0f}") if row.collapsed and row.hit else \
+            "missed" if row.collapsed else f"{int(row.false_alarms)} false alarm(s)" if row.false_alarms else "quiet"
+        labels.append(f"{row.arm} {row.seed}: {outcome}")
+    ax.set_yticks(range(len(runs))[::-1], labels, fontsize=7)
+    ax.set_xlim(0, steps + 1)
+    ax.set_ylim(-0.7, len(runs) - 0.3)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
+def plot_recall_curves(ax, curve: pd.DataFrame, x: str, y: str, by: str = "rule") -> None:
+    """Recall against the false-alarm rate: one line per ``by`` (a rule), its points marked."""
+    for name, rows in curve.groupby(by, sort=False):
+        rows = rows.sort_values(x)
+        ax.plot(rows[x], rows[y], marker="o", label=str(name))
+    ax.set(xlabel=x, ylabel=y, ylim=(-0.05, 1.05))
+    ax.legend(fontsize=8)

@@ -227,23 +227,23 @@ def write_results(design: Design, out: str | Path, dest: str | Path) -> list[Pat
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     frames = (table, contrasts(table[table["lr"] == design.lr], design.alpha, design.power), collapse_rates(table),
-              curves(runs), manifest(runs, out))
+              curves(runs), manifest([r.run_dir for r in runs], out))
     for name, frame in zip(RESULT_FILES, frames, strict=True):
         frame.to_csv(dest / name, index=False, float_format="%.6g" if name == "curves.csv" else None)
     return [dest / name for name in RESULT_FILES]
 
 
-def manifest(runs: Sequence[GridRun], root: str | Path) -> pd.DataFrame:
-    """Every run folder, relative to ``root``: sha256 of its metrics.jsonl and run.json, its created time, its last
-    update (a finished run's: when it finished) and the code that wrote it (run.json ``environment.code``: ``commit``
-    and ``dirty``, empty for a run written before moestab recorded them)."""
+def manifest(folders: Sequence[Path], root: str | Path) -> pd.DataFrame:
+    """Each run folder of ``folders``, relative to ``root``: sha256 of its metrics.jsonl and run.json, its created
+    time, its last update (a finished run's: when it finished) and the code that wrote it (run.json
+    ``environment.code``: ``commit`` and ``dirty``, empty for a run written before moestab recorded them)."""
     rows = []
-    for run in runs:
-        info = read_run_info(run.run_dir)
+    for folder in folders:
+        info = read_run_info(folder)
         code = info.environment.get("code") or {}
-        rows.append({"run": run.run_dir.relative_to(root).as_posix(),
-                     "metrics_sha256": _sha256(run.run_dir / "metrics.jsonl"),
-                     "run_json_sha256": _sha256(run.run_dir / "run.json"),
+        rows.append({"run": Path(folder).relative_to(root).as_posix(),
+                     "metrics_sha256": _sha256(Path(folder) / "metrics.jsonl"),
+                     "run_json_sha256": _sha256(Path(folder) / "run.json"),
                      "created": info.created, "updated": info.updated,
                      "commit": code.get("commit"), "dirty": code.get("dirty")})
     return pd.DataFrame(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -117,3 +118,19 @@ def test_the_chosen_candidate_is_the_one_that_sees_the_planted_signal() -> None:
 def test_the_default_rule_is_the_one_the_study_chose() -> None:
     chosen = json.loads((ROOT / "docs" / "collapse_results" / "chosen.json").read_text())["shipped"]
     assert study.rule_from_dict(chosen) == DEFAULT_RULE
+
+
+def test_the_report_scores_each_held_out_set_and_all_together_and_recalibrates_on_dev_only() -> None:
+    dev = [_records_with_signals(s, collapsed=s % 2 == 0) for s in range(8)]
+    held = [replace(r, run=replace(r.run, split=split)) for r, split in
+            zip([_records_with_signals(s, collapsed=s % 2 == 0) for s in range(20, 24)],
+                ["held_seeds", "held_seeds", "held_setting", "held_setting"], strict=True)]
+    table, per_run, choice = study.fit(dev)
+    assert len(per_run) == len(dev) and set(table["rule"]) == {d["name"] for d in choice["calibrated"]}
+    runs, by_split, curve = study.report(dev, held, choice)
+    assert runs["path"].tolist() == [str(r.run.path) for r in held]
+    assert by_split.groupby("split")["runs"].first().to_dict() == {"held_seeds": 2, "held_setting": 2, "held_out": 4}
+    # the curve's thresholds come from the development runs alone: held-out runs planted to fire change nothing
+    loud = [replace(r, steps=r.steps.assign(**{k: r.steps[k] * 5 for k in r.steps if k != "step"})) for r in held]
+    assert study.report(dev, loud, choice)[2]["threshold"].tolist() == curve["threshold"].tolist()
+    assert set(curve["false_alarms_per_100_dev"]) <= set(study.FA_GRID)

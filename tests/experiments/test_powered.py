@@ -82,7 +82,7 @@ def test_a_tiny_experiment_runs_reports_and_its_manifest_checks(tmp_path):
     metrics = load_metrics(runs[0].run_dir)
     assert one["eval_acc"].tolist() == metrics[keys.EVAL_ACCURACY].tolist()
     assert one["vol"].tolist() == metrics[keys.ROUTING_CHANGED.format(pair="old_new")].tolist()
-    manifest = powered.manifest(runs, tmp_path / "runs")
+    manifest = powered.manifest([r.run_dir for r in runs], tmp_path / "runs")
     assert powered.manifest_problems(manifest, design, registered_at) == []
     assert powered.manifest_problems(manifest, design, "2999-01-01T00:00:00")  # runs older than a registration
     tampered = manifest.copy()
