@@ -1,0 +1,228 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # 09 · Which routing change breaks GRPO here: within a step or across steps?
+#
+# Notebook 07's registered result: at lr 5e-4 on the 8-layer MoE of 64 experts, holding route selection at the frozen
+# base's (routing-constant) prevented GRPO's collapse, while R2 / R3, which remove only the routing change *within* a
+# step (GSPO §5.3's mechanism), did not detectably help. Routing-constant also stops drift *across* steps and away
+# from the base's balanced routes, removes routing's adaptation and is evaluated under the base's routes. Issue 52's
+# experiment, registered before its runs (docs/drift.md; library `moestab.experiments.drift`), takes that apart:
+#
+# - **stage 1** (descriptive, no test registered): the three arms the analysis needs rebuilt on the same 15 seeds;
+#   each final checkpoint evaluated under free routes and under the base's; per step, the distance of the rollout's
+#   routes from the base's, the expert-load entropy, and the routing change after one update beside the change per
+#   step (4 updates);
+# - **stage 2** (a dose-response): routing held at a frozen copy of the policy refreshed every K steps (K = 1, 10, 33;
+#   K = infinity is routing-constant), and the baseline with a load-balancing loss during RL;
+# - **stage 3** (GSPO: routing or step size): GSPO with routing held and on the dense model, their GRPO counterparts,
+#   and GRPO at the lr whose routing change is GSPO's.
+#
+# Outcomes, as registered: **mean eval accuracy over the run's 10 evaluations** (primary) and **collapse** (final
+# accuracy more than 10 points below the start; co-primary, exact McNemar test), paired by seed, each stage's
+# primary contrasts Holm-corrected together per outcome.
+#
+# At full size this notebook reads `docs/drift_results/`, which `scripts/drift_experiment.py report` wrote from the run
+# folders (a stage's contrasts appear once all its runs have finished). At smoke size it runs a tiny design end to end
+# (1 layer, every reward 0, 2 steps, 2 seeds) to exercise the pipeline; it measures nothing.
+
+# %% tags=["parameters"]
+SIZE = "full"  # "smoke": a tiny design run end to end (the pipeline only); "full": the registered experiment's results
+
+# %%
+import re
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, with this machine's paths in it
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import display
+from transformers.utils import logging as hf_logging
+
+from moestab.experiments import drift, powered
+from moestab.experiments import precondition as pre
+from moestab.experiments.figures import plot_intervals, plot_mean_sd
+from moestab.experiments.findings import show_findings
+from moestab.experiments.provenance import commit_problems
+from moestab.experiments.registration import block
+from moestab.metrics.paired import paired_interval
+
+hf_logging.disable_progress_bar()
+pd.set_option("display.width", 160)
+pd.set_option("display.max_columns", 14)
+if SIZE == "full":
+    setting = {s.name: s for s in pre.SETTINGS}["fine8-lr5e-4"]
+    base = powered.Design(model=setting.model, lr=setting.lr, aux=setting.aux, task=setting.task)
+    design = drift.DriftDesign(base, lr_match=drift.matching_lr(pd.read_csv("docs/powered_results/curves.csv")))
+    RESULTS, REGISTRATION = Path("docs/drift_results"), Path("docs/drift.md")
+else:  # every reward 0: exercises every stage on a tiny design, measures nothing
+    OUT = Path("runs/notebooks/09/smoke")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "zero_reward.py").write_text("def always_zero(prompt, completion, answer):\n    return 0.0\n")
+    tiny = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
+            ("warm_start_max_steps", 0), ("progress", False))
+    base = powered.Design(model="embedded:layers=1,hidden=32", lr=1e-3, aux=0.01,
+                          task=f"arithmetic:reward={(OUT / 'zero_reward.py').resolve()}:always_zero",
+                          seeds=(2000, 2001), steps=2, eval_every=1, eval_size=8, extra=tiny)
+    design = drift.DriftDesign(base, lr_match=7e-4)
+    RESULTS, REGISTRATION = OUT / "results", OUT / "drift.md"
+    REGISTRATION.write_text("registered 2026-01-01T00:00:00+00:00\n\n" + block(drift.registration(design)) + "\n")
+    drift.run_experiment(design, OUT / "runs", REGISTRATION, log=lambda line: None)  # finished runs are reused
+    drift.write_results(design, OUT / "runs", RESULTS)
+registered_at = re.search(r"^registered (\S+)$", REGISTRATION.read_text(), re.M).group(1)
+outcomes = pd.read_csv(RESULTS / "outcomes.csv")
+contrasts = pd.read_csv(RESULTS / "contrasts.csv")
+checkpoints = pd.read_csv(RESULTS / "checkpoint_evals.csv")
+curves = pd.read_csv(RESULTS / "step_curves.csv")
+manifest = pd.read_csv(RESULTS / "manifest.csv")
+stage_of = {arm: stage for arm, (stage, _) in drift.ARMS.items()}
+finished_by_stage = outcomes["arm"].map(stage_of).value_counts().sort_index()
+planned_by_stage = pd.Series([stage_of[r.run_dir.parent.name] for r in drift.all_runs(design, "out")]).value_counts()
+per_stage = planned_by_stage.sort_index().items()
+print(f"registered {registered_at}; finished runs per stage: "
+      + ", ".join(f"stage {s} {int(finished_by_stage.get(s, 0))} of {n}" for s, n in per_stage))
+problems = commit_problems(manifest)
+print("provenance:", problems if problems else "one commit, clean tree")
+
+# %% [markdown]
+# ## Every finished arm: mean eval accuracy and collapses
+#
+# Mean eval accuracy over the run's evaluations after step 0 (the primary outcome), mean and sd over seeds; the number
+# of runs that collapsed. Arms of a stage whose runs are not all finished are listed with what they have.
+
+# %%
+by_arm = outcomes.groupby("arm").agg(stage=("arm", lambda a: stage_of[a.iloc[0]]), runs=("seed", "count"),
+                                     mean_eval=("mean_eval_acc", "mean"), mean_eval_sd=("mean_eval_acc", "std"),
+                                     start=("start_acc", "mean"), final=("final_acc", "mean"),
+                                     collapses=("collapse", "sum"))
+by_arm = by_arm.reindex([a for a in drift.ARMS if a in by_arm.index])
+by_arm.round(4)
+
+# %% [markdown]
+# ## Stage 1: what holding routes at the base's does to the policy
+#
+# Each final checkpoint evaluated under free routes and under the base's (every forward routed as the run's own
+# warm-started base routes the same tokens); `recorded` is what the run measured at its end under its own routing.
+# Differences are base minus free, paired by seed, with 95% t-intervals.
+
+# %%
+wide = checkpoints.set_index(["arm", "seed"])
+rows = {}
+for arm in [a for a in drift.ANALYSED_ARMS if a in wide.index.get_level_values(0)]:
+    ci = paired_interval(wide.loc[arm, "base"].tolist(), wide.loc[arm, "free"].tolist())
+    rows[arm] = {"free": wide.loc[arm, "free"].mean(), "base": wide.loc[arm, "base"].mean(),
+                 "base_minus_free": ci.mean, "ci_low": ci.low, "ci_high": ci.high, "n": ci.n}
+routed = pd.DataFrame(rows).T
+routed.round(4)
+
+# %% [markdown]
+# Per step, mean +- sd over seeds: how far the rollout's routes are from the base's (`routing/base_rollout/changed`),
+# the expert-load entropy (mean over layers; RL runs without a load-balancing loss), and the routing change after one
+# update (`routing/update_old/changed_by_minibatch` at the second minibatch; none where the updates replay routes)
+# beside the change old->new per step (across the step's 4 minibatch updates). GSPO's "~10%" is per update.
+
+# %%
+stage1 = curves[curves["arm"].isin(drift.ANALYSED_ARMS)]
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+plot_mean_sd(axes[0], stage1, "step", "base_distance", by=["arm"])
+axes[0].set(ylabel="share of slots routed unlike the base", title="Drift from the base")
+plot_mean_sd(axes[1], stage1, "step", "load_entropy", by=["arm"])
+axes[1].set(ylabel="expert-load entropy (nats)", title="Load balance")
+baseline = stage1[stage1["arm"] == drift.BASELINE]
+plot_mean_sd(axes[2], baseline, "step", "old_new", label="old -> new, per step (4 updates)")
+plot_mean_sd(axes[2], baseline, "step", "single_update", label="after one update")
+axes[2].set(ylabel="share of routed slots changed", title=f"{drift.BASELINE}: one update against one step")
+for ax in axes:
+    ax.legend(fontsize=7)
+    ax.title.set_fontsize(9)
+fig.tight_layout()
+
+# %%
+at = baseline.groupby("step")[["base_distance", "single_update", "old_new"]].mean()
+steps_shown = [s for s in (1, 10, 50, design.powered.steps) if s in at.index]
+display(at.loc[steps_shown].round(4))
+single, per_step = baseline["single_update"].mean(), baseline["old_new"].mean()
+print(f"{drift.BASELINE}, mean over every step and seed: after one update {single:.2%}, per step {per_step:.2%}")
+entropy = stage1.groupby(["arm", "step"])["load_entropy"].mean().unstack(0)
+print("expert-load entropy (nats) at the first and last step:",
+      entropy.loc[[entropy.index.min(), entropy.index.max()]].round(3).to_dict())
+
+# %% [markdown]
+# ## Stages 2 and 3: the registered contrasts
+#
+# Each contrast paired by seed: the mean difference with its 95% t-interval, p (paired t for the mean eval accuracy;
+# the exact McNemar test for collapse; the trend: the per-seed slope over K = 1, 10, 33, infinity coded 0-3, tested
+# against 0), Holm's adjusted p over the stage's primary contrasts, the realized sd and the minimum detectable
+# difference it gives. A stage appears once all its runs have finished.
+
+# %%
+for stage in sorted(drift.CONTRASTS):
+    rows = contrasts[contrasts["stage"] == stage] if "stage" in contrasts else contrasts.iloc[0:0]
+    if rows.empty:
+        print(f"stage {stage}: not all runs finished ({int(finished_by_stage.get(stage, 0))} of "
+              f"{int(planned_by_stage[stage])}); registered reading: {drift.READINGS[stage]}")
+        continue
+    print(f"stage {stage}, registered reading: {drift.READINGS[stage]}")
+    display(rows.drop(columns=["stage"]).round(4))
+
+# %%
+done = sorted(set(contrasts["stage"])) if "stage" in contrasts else []
+if done:
+    fig, axes = plt.subplots(1, len(done), figsize=(6.5 * len(done), 3.4), squeeze=False)
+    for ax, stage in zip(axes[0], done, strict=True):
+        rows = contrasts[(contrasts["stage"] == stage) & (contrasts["outcome"] == drift.OUTCOMES[0])]
+        plot_intervals(ax, rows, label="contrast", title=f"Stage {stage}: mean eval accuracy, paired differences")
+        ax.title.set_fontsize(9)
+    fig.tight_layout()
+
+# %%
+if 2 in done:
+    dose = outcomes[outcomes["arm"].isin([a for a, _ in drift.DOSE])].assign(
+        window=lambda t: t["arm"].map({a: c for a, c in drift.DOSE}))
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    plot_mean_sd(ax, dose, "window", "mean_eval_acc")
+    ax.axhline(outcomes[outcomes["arm"] == drift.BASELINE]["mean_eval_acc"].mean(), color="grey", linestyle=":",
+               label="baseline (routing free)")
+    ax.set_xticks([c for _, c in drift.DOSE], ["K = 1", "K = 10", "K = 33", "K = inf"])
+    ax.set(xlabel="routes held for K steps", ylabel="mean eval accuracy", title="Dose-response, mean +- sd over seeds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+
+# %% [markdown]
+# ## Cost
+#
+# docs/drift.md estimated 12.9 core-hours before the start. Measured: the sum over finished runs of created -> last
+# update (one thread per run; runs shared the 2-core machine with up to three others, so a run took longer than alone,
+# and a run resumed after a stop counts its gap). Not counted: the warm-started bases, and the checkpoint evaluations of stage 1.
+
+# %%
+hours = powered.run_hours(manifest)
+print(f"{len(manifest)} finished runs: {hours:.2f} core-hours measured")
+
+# %%
+findings = {"runs": len(manifest), "core_hours": hours, "seeds": len(design.powered.seeds),
+            "single_update.mean": single, "per_step.mean": per_step}
+for arm, row in by_arm.iterrows():
+    findings.update({f"{arm}.mean_eval": row["mean_eval"], f"{arm}.mean_eval_sd": row["mean_eval_sd"],
+                     f"{arm}.collapses": int(row["collapses"]), f"{arm}.runs": int(row["runs"])})
+for arm, row in routed.iterrows():
+    findings.update({f"{arm}.{column}": row[column] for column in ("free", "base", "base_minus_free", "ci_low",
+                                                                   "ci_high")})
+for step in steps_shown:
+    findings[f"base_distance.step{step}"] = at.loc[step, "base_distance"]
+for arm in entropy.columns:
+    findings[f"{arm}.entropy_first"] = entropy[arm].iloc[0]
+    findings[f"{arm}.entropy_last"] = entropy[arm].iloc[-1]
+for row in contrasts.itertuples(index=False) if done else []:
+    name = f"stage{row.stage}.{row.contrast.replace(' - ', '_minus_')}.{row.outcome}"
+    findings.update({f"{name}.{c}": getattr(row, c) for c in ("mean_diff", "ci_low", "ci_high", "p", "p_holm")})
+show_findings(findings)
