@@ -64,14 +64,7 @@ if SIZE == "full":
     RESULTS, REGISTRATION = Path("docs/powered_results"), Path("docs/powered.md")
 else:  # every reward 0: exercises every stage on a tiny design, measures nothing
     OUT = Path("runs/notebooks/07/smoke")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "zero_reward.py").write_text("def always_zero(prompt, completion, answer):\n    return 0.0\n")
-    tiny = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
-            ("warm_start_max_steps", 0), ("progress", False))
-    design = powered.Design(model="embedded:layers=1,hidden=32", lr=1e-3, aux=0.01,
-                            task=f"arithmetic:reward={(OUT / 'zero_reward.py').resolve()}:always_zero",
-                            seeds=(2000, 2001), edge_seeds=(2000,), edge_factors=(2.0,), steps=2, eval_every=1,
-                            eval_size=8, extra=tiny)
+    design = powered.smoke_design(OUT)
     RESULTS, REGISTRATION = OUT / "results", OUT / "powered.md"
     REGISTRATION.write_text("registered 2026-01-01T00:00:00+00:00\n\n" + block(powered.registration(design)) + "\n")
     powered.run_experiment(design, OUT / "runs", REGISTRATION, log=lambda line: None)  # finished runs are reused

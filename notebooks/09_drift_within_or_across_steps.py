@@ -66,13 +66,7 @@ if SIZE == "full":
     RESULTS, REGISTRATION = Path("docs/drift_results"), Path("docs/drift.md")
 else:  # every reward 0: exercises every stage on a tiny design, measures nothing
     OUT = Path("runs/notebooks/09/smoke")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "zero_reward.py").write_text("def always_zero(prompt, completion, answer):\n    return 0.0\n")
-    tiny = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
-            ("warm_start_max_steps", 0), ("progress", False))
-    base = powered.Design(model="embedded:layers=1,hidden=32", lr=1e-3, aux=0.01,
-                          task=f"arithmetic:reward={(OUT / 'zero_reward.py').resolve()}:always_zero",
-                          seeds=(2000, 2001), steps=2, eval_every=1, eval_size=8, extra=tiny)
+    base = powered.smoke_design(OUT)
     design = drift.DriftDesign(base, lr_match=7e-4)
     RESULTS, REGISTRATION = OUT / "results", OUT / "drift.md"
     REGISTRATION.write_text("registered 2026-01-01T00:00:00+00:00\n\n" + block(drift.registration(design)) + "\n")

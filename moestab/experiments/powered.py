@@ -98,6 +98,24 @@ class Design:
         return min_detectable_difference(self.assumed_sd, len(self.seeds), self.contrast_alpha(), self.power)
 
 
+SMOKE_EXTRA = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
+               ("warm_start_max_steps", 0), ("progress", False))
+"""The smoke design's tiny batches: every step saved, no warm-start training."""
+
+
+def smoke_design(folder: str | Path, cache_dir: str | None = None) -> Design:
+    """A tiny design that exercises every stage of an experiment built on this one and measures nothing (the
+    notebooks' smoke size): 1 layer, 2 seeds, 2 steps, an eval set of 8, every reward 0 (its reward function is
+    written to ``folder``), one edge seed at twice the lr."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    reward = folder / "zero_reward.py"
+    reward.write_text("def always_zero(prompt, completion, answer):\n    return 0.0\n")
+    return Design(model="embedded:layers=1,hidden=32", lr=1e-3, aux=0.01,
+                  task=f"arithmetic:reward={reward.resolve()}:always_zero", seeds=(2000, 2001), edge_seeds=(2000,),
+                  edge_factors=(2.0,), steps=2, eval_every=1, eval_size=8, extra=SMOKE_EXTRA, cache_dir=cache_dir)
+
+
 def comparison_runs(design: Design, out: str | Path) -> list[GridRun]:
     """``out/comparison/<arm>/seed-<s>`` at the search's lr."""
     return [run for arm in ARMS for run in grid_runs({**design.base(), **design.arm_fields(arm), "lr": design.lr},

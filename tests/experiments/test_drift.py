@@ -16,17 +16,11 @@ import pytest
 from moestab.experiments import drift, powered
 from moestab.experiments.provenance import commit_problems, read_declarations
 from moestab.experiments.registration import RegistrationError, block, registered_block
-from tests.support.train import REWARD
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
-        ("warm_start_max_steps", 0), ("progress", False))
-
-
 def _design(tmp_path, **overrides) -> drift.DriftDesign:
-    base = powered.Design(model="embedded:layers=1,hidden=32", lr=1e-3, aux=0.01,
-                          task=f"arithmetic:reward={REWARD}:always_zero", seeds=(2000, 2001), steps=2, eval_every=1,
-                          eval_size=8, extra=TINY, cache_dir=str(tmp_path / "cache"))
+    """The notebooks' smoke design (every reward 0), with its own cache."""
+    base = powered.smoke_design(tmp_path / "smoke", cache_dir=str(tmp_path / "cache"))
     return drift.DriftDesign(base, lr_match=7e-4, **overrides)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,18 +18,11 @@ from moestab.experiments.registration import RegistrationError, block
 from moestab.metrics import keys
 from moestab.metrics.paired import min_detectable_difference
 from moestab.run_folder.reader import load_metrics
-from tests.support.train import REWARD
-
-TINY = (("prompts_per_step", 4), ("group_size", 4), ("minibatches", 2), ("save_every", 1),
-        ("warm_start_max_steps", 0), ("progress", False))
 
 
 def _design(tmp_path, **overrides) -> powered.Design:
-    values = {"model": "embedded:layers=1,hidden=32", "lr": 1e-3, "aux": 0.01,
-              "task": f"arithmetic:reward={REWARD}:always_zero", "seeds": (2000, 2001), "edge_seeds": (2000,),
-              "edge_factors": (2.0,), "steps": 2, "eval_every": 1, "eval_size": 8, "extra": TINY,
-              "cache_dir": str(tmp_path / "cache"), **overrides}
-    return powered.Design(**values)
+    """The notebooks' smoke design (every reward 0), with its own cache."""
+    return replace(powered.smoke_design(tmp_path / "smoke", cache_dir=str(tmp_path / "cache")), **overrides)
 
 
 def test_holm_matches_the_step_down_rule_worked_by_hand():
