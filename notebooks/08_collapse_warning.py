@@ -10,7 +10,8 @@
 # %% [markdown]
 # # 08 · See a collapse coming: does a rule over moestab's per-step signals warn before a GRPO run collapses?
 #
-# MoE GRPO runs collapse (notebook 07: 8 of 15 baseline runs at lr 5e-4, nearly every run at 1e-3), and a user
+# MoE GRPO runs collapse (notebook 07: 8 of 15 baseline runs at lr 5e-4, nearly every run at 1e-3; 1 of 15 in
+# notebook 09's second draw of the same design), and a user
 # learns of it from the reward curve. Issue 57 asked whether moestab's per-step signals (routing change old->new and
 # rollout->trainer, expert-load entropy, ratio spread, clipping, KL, reward, gradient norm) warn of a collapse before
 # it shows, and whether the routing signals add anything over what any trainer logs. This notebook reads the study
@@ -85,7 +86,7 @@ else:  # synthetic records: every signal noise; a collapsed run's routing change
         frame.to_csv(RESULTS / name, index=False)
 choice = json.loads((RESULTS / "chosen.json").read_text())
 candidates = pd.read_csv(RESULTS / "dev_candidates.csv")
-dev_runs = pd.read_csv(RESULTS / "dev_runs.csv")
+dev_runs = pd.read_csv(RESULTS / "dev_runs.csv", dtype={"warnings": str})  # "12" alone is not a number
 held_out_scored = (RESULTS / "held_out_runs.csv").is_file()
 print(f"registered {registered_at}; {len(dev_runs)} development runs, {int(dev_runs.collapsed.sum())} collapsed; "
       f"held-out runs scored: {'yes' if held_out_scored else 'not yet'}")
@@ -95,7 +96,8 @@ print(f"registered {registered_at}; {len(dev_runs)} development runs, {int(dev_r
 #
 # Each candidate at the lowest threshold whose false alarms stay within 0.5 per 100 watched steps of the development
 # runs that did not collapse. `family`: *baseline* signals any trainer logs (reward falling, KL rising, clip fraction
-# rising, gradient norm), *routing* and *ratio* signals moestab records. Recall is the share of collapsed runs warned
+# rising, gradient norm), *routing*, *ratio* and *policy* (entropy) signals moestab records; a model over several
+# families lists them. Recall is the share of collapsed runs warned
 # in the 30 steps before their onset; the lead is in steps.
 
 # %%
@@ -149,7 +151,7 @@ print(f"{len(quiet_dev)} development runs did not collapse: {int(quiet_dev.false
 
 # %%
 if held_out_scored:
-    held_runs = pd.read_csv(RESULTS / "held_out_runs.csv")
+    held_runs = pd.read_csv(RESULTS / "held_out_runs.csv", dtype={"warnings": str})
     held_table = pd.read_csv(RESULTS / "held_out.csv")
     curve = pd.read_csv(RESULTS / "recall_curve.csv")
     display(held_runs[["split", "arm", "seed", "collapsed", "onset", "warnings", "hit", "lead", "false_alarms"]])
@@ -166,7 +168,9 @@ if held_out_scored:
 
 # %%
 if held_out_scored:
-    named = {choice[k]["name"]: k for k in ("shipped", "best_baselines_only", "best_with_routing")}
+    named = {}  # rule -> its roles (the shipped rule may also be the best holding a routing signal)
+    for role in ("shipped", "best_baselines_only", "best_with_routing"):
+        named[choice[role]["name"]] = " + ".join(filter(None, [named.get(choice[role]["name"]), role]))
     display(held_table[held_table["rule"].isin(named)].assign(role=lambda t: t["rule"].map(named))[
         ["split", "rule", "role", "runs", "collapsed", "hits", "recall", "false_alarms_per_100", "lead_median"]]
         .round(3))
@@ -200,7 +204,7 @@ findings = {"dev.runs": len(dev_runs), "dev.collapsed": int(dev_runs.collapsed.s
             "dev.shipped.lead_median": shipped["lead_median"],
             "baselines.rule": choice["best_baselines_only"]["name"], "dev.baselines.hits": int(baselines["hits"]),
             "dev.baselines.recall": baselines["recall"], "dev.baselines.fa_per_100": baselines["false_alarms_per_100"],
-            "default_rule_is_shipped": SIZE != "full" or DEFAULT_RULE.name == choice["shipped"]["name"],
+            "default_rule_is_shipped": SIZE != "full" or study.rule_from_dict(choice["shipped"]) == DEFAULT_RULE,
             "held_out.scored": held_out_scored}
 if held_out_scored:
     together = held_table[held_table["split"] == "held_out"].set_index("rule")
@@ -208,7 +212,10 @@ if held_out_scored:
         row = together.loc[choice[role]["name"]]
         for column in ("runs", "collapsed", "hits", "recall", "false_alarms_per_100", "lead_median"):
             findings[f"held_out.{role}.{column}"] = row[column]
-    findings["held_out.routing_adds"] = bool(together.loc[choice["best_with_routing"]["name"], "recall"]
-                                             > together.loc[choice["best_baselines_only"]["name"], "recall"])
+    with_routing = together.loc[choice["best_with_routing"]["name"], "recall"]
+    baselines_only = together.loc[choice["best_baselines_only"]["name"], "recall"]
+    # The registered reading; undefined (None) when no held-out run collapsed and recall is not defined.
+    findings["held_out.routing_adds"] = (None if pd.isna(with_routing) or pd.isna(baselines_only)
+                                         else bool(with_routing > baselines_only))
     findings["core_hours"] = hours
 show_findings(findings)

@@ -380,8 +380,9 @@ def report(dev: Sequence[RunRecord], held: Sequence[RunRecord],
         subset = [r for r in held if split in ("held_out", r.run.split)]
         rows += _table(calibrated, subset, split)
     curve = []
+    roles = {choice[k]["name"]: choice[k] for k in ("shipped", "best_baselines_only", "best_with_routing")}
     for fa in FA_GRID:
-        for rule in (rule_from_dict(choice[k]) for k in ("shipped", "best_baselines_only", "best_with_routing")):
+        for rule in map(rule_from_dict, roles.values()):  # a rule holding two roles once
             at = calibrate(rule, dev, fa)
             if at is not None:
                 curve.append({"false_alarms_per_100_dev": fa, "rule": rule.name, "threshold": at.threshold,
@@ -404,13 +405,13 @@ def write_fit(runs: Sequence[StudyRun], dest: str | Path) -> list[Path]:
 
 def write_report(runs: Sequence[StudyRun], choice: dict[str, Any], dest: str | Path, own: str | Path) -> list[Path]:
     """:func:`report` on ``runs``, written to ``dest``: ``held_out_runs.csv``, ``held_out.csv`` and
-    ``recall_curve.csv``; and ``manifest.csv``, the study's own runs (those under ``own``; the development runs
-    borrowed from issue 52 are in its manifest) with their hashes, times and commits."""
+    ``recall_curve.csv``; and ``manifest.csv``, the study's own runs (of :data:`NEW_ARMS`, relative to ``own``; the
+    development runs borrowed from issue 52 are in its manifest) with their hashes, times and commits."""
     dest = Path(dest)
     held = _records([r for r in runs if r.split != "dev"])
     dev = _records([r for r in runs if r.split == "dev"])
     paths = [dest / "held_out_runs.csv", dest / "held_out.csv", dest / "recall_curve.csv", dest / "manifest.csv"]
-    mine = [r.path for r in runs if r.path.is_relative_to(own)]
+    mine = [r.path for r in runs if r.arm in NEW_ARMS]
     for path, table in zip(paths, [*report(dev, held, choice), manifest(mine, own)], strict=True):
         table.to_csv(path, index=False)
     return paths

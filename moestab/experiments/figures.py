@@ -82,7 +82,8 @@ def plot_warning_timelines(ax, runs: pd.DataFrame, horizon: int, steps: int) -> 
     labels = []
     for y, row in enumerate(runs.itertuples(index=False)):
         y = len(runs) - 1 - y  # the first row on top
-        warned = [int(w) for w in str(row.warnings).split()] if isinstance(row.warnings, str) else []
+        # a CSV cell of one warning reads back as a number, of none as NaN
+        warned = [] if pd.isna(row.warnings) else [int(float(w)) for w in str(row.warnings).split()]
         ax.hlines(y, 1, steps, color="0.85", linewidth=0.8)
         if row.collapsed:
             onset = int(row.onset)

@@ -16,6 +16,8 @@ from moestab.experiments import collapse_study as study
 from moestab.experiments.registration import check_registered
 from moestab.metrics.collapse_warning import DEFAULT_RULE, SIGNALS, WarningRule
 
+SIGNALS_BY_KEY = {s.key: s for s in SIGNALS.values()}
+
 ROOT = Path(__file__).resolve().parents[2]
 VOL = SIGNALS["vol"].key
 
@@ -130,7 +132,13 @@ def test_the_report_scores_each_held_out_set_and_all_together_and_recalibrates_o
     runs, by_split, curve = study.report(dev, held, choice)
     assert runs["path"].tolist() == [str(r.run.path) for r in held]
     assert by_split.groupby("split")["runs"].first().to_dict() == {"held_seeds": 2, "held_setting": 2, "held_out": 4}
-    # the curve's thresholds come from the development runs alone: held-out runs planted to fire change nothing
-    loud = [replace(r, steps=r.steps.assign(**{k: r.steps[k] * 5 for k in r.steps if k != "step"})) for r in held]
-    assert study.report(dev, loud, choice)[2]["threshold"].tolist() == curve["threshold"].tolist()
+    # the curve's thresholds come from the development runs alone: a quiet held-out run planted to fire (every signal
+    # ramping up after its baseline; a rule's z-score ignores a scale) moves its false alarms, never a threshold
+    ramp = np.r_[np.zeros(20), np.linspace(0.0, 3.0, 80)]
+    loud = [r if r.onset is not None else
+            replace(r, steps=r.steps.assign(**{k: r.steps[k] + ramp * SIGNALS_BY_KEY[k].direction
+                                               for k in r.steps if k != "step"})) for r in held]
+    louder = study.report(dev, loud, choice)
+    assert louder[2]["threshold"].tolist() == curve["threshold"].tolist()
+    assert louder[0]["false_alarms"].sum() > runs["false_alarms"].sum()  # the plant fires
     assert set(curve["false_alarms_per_100_dev"]) <= set(study.FA_GRID)

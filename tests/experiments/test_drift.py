@@ -18,6 +18,8 @@ from moestab.experiments.provenance import commit_problems, read_declarations
 from moestab.experiments.registration import RegistrationError, block, registered_block
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 def _design(tmp_path, **overrides) -> drift.DriftDesign:
     """The notebooks' smoke design (every reward 0), with its own cache."""
     base = powered.smoke_design(tmp_path / "smoke", cache_dir=str(tmp_path / "cache"))

@@ -72,6 +72,21 @@ def test_warning_timelines_put_warnings_onset_and_hit_window_on_each_runs_row():
     plt.close(fig)
 
 
+def test_warning_timelines_read_a_csv_whose_warnings_are_single_steps(tmp_path):
+    """A CSV whose every warning cell holds one step reads back as numbers: still drawn, not dropped."""
+    runs = pd.DataFrame([{"arm": "a", "seed": s, "collapsed": False, "onset": float("nan"), "warnings": w,
+                          "hit": False, "lead": float("nan"), "false_alarms": n}
+                         for s, w, n in ((1, "20", 1), (2, "", 0))])
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    back = pd.read_csv(tmp_path / "runs.csv")
+    assert back["warnings"].dtype.kind == "f"  # 20.0 and NaN
+    fig, ax = plt.subplots()
+    plot_warning_timelines(ax, back, horizon=30, steps=100)
+    ticks = {(x, y) for line in ax.get_lines() if line.get_marker() == "|" for x, y in line.get_xydata()}
+    assert ticks == {(20, 1)}
+    plt.close(fig)
+
+
 def test_recall_curves_one_line_per_rule_in_rate_order():
     curve = pd.DataFrame({"rule": ["r", "r", "s"], "fa": [1.0, 0.5, 0.5], "recall": [0.6, 0.4, 0.2]})
     fig, ax = plt.subplots()
