@@ -217,5 +217,12 @@ if held_out_scored:
     # The registered reading; undefined (None) when no held-out run collapsed and recall is not defined.
     findings["held_out.routing_adds"] = (None if pd.isna(with_routing) or pd.isna(baselines_only)
                                          else bool(with_routing > baselines_only))
+    for split, rows in held_table[held_table["split"] != "held_out"].groupby("split"):
+        row = rows.set_index("rule").loc[choice["shipped"]["name"]]
+        for column in ("runs", "collapsed", "hits", "false_alarms_per_100", "lead_median"):
+            findings[f"{split}.shipped.{column}"] = row[column]
+    arms = held_runs.groupby("arm")
+    findings.update({f"{arm}.collapsed": int(rows["collapsed"].sum()) for arm, rows in arms})
+    findings.update({f"{arm}.onset_min": rows["onset"].min() for arm, rows in arms})
     findings["core_hours"] = hours
 show_findings(findings)
