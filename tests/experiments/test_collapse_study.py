@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pandas as pd
 import pytest
 
 from moestab.experiments import collapse_study as study
+from moestab.experiments.provenance import commit_problems
 from moestab.experiments.registration import check_registered
 from moestab.metrics.collapse_warning import DEFAULT_RULE, SIGNALS, WarningRule
 
@@ -142,3 +144,12 @@ def test_the_report_scores_each_held_out_set_and_all_together_and_recalibrates_o
     assert louder[2]["threshold"].tolist() == curve["threshold"].tolist()
     assert louder[0]["false_alarms"].sum() > runs["false_alarms"].sum()  # the plant fires
     assert set(curve["false_alarms_per_100_dev"]) <= set(study.FA_GRID)
+
+
+def test_the_committed_manifest_lists_every_own_run_of_one_clean_commit_after_the_registration() -> None:
+    table = pd.read_csv(ROOT / "docs" / "collapse_results" / "manifest.csv")
+    expected = {f"{arm}/seed-{s}" for arm, (_, _, seeds) in study.NEW_ARMS.items() for s in seeds}
+    assert set(table["run"]) == expected and len(table) == len(expected)
+    assert commit_problems(table) == []
+    registered = re.search(r"^registered (\S+)$", (ROOT / "docs" / "collapse.md").read_text(), re.M).group(1)
+    assert (table["created"] > registered).all()  # ISO-8601 strings of one zone compare in time order
