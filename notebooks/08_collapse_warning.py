@@ -77,13 +77,8 @@ else:  # synthetic records: every signal noise; a collapsed run's routing change
 
     dev = [synthetic(s, "dev", s % 2 == 0) for s in range(8)]
     held = [synthetic(s, "held_seeds", s % 2 == 0) for s in range(100, 104)]
-    table, per_run, choice = study.fit(dev)
-    table.to_csv(RESULTS / "dev_candidates.csv", index=False)
-    per_run.to_csv(RESULTS / "dev_runs.csv", index=False)
-    (RESULTS / "chosen.json").write_text(json.dumps(choice))
-    for name, frame in zip(("held_out_runs.csv", "held_out.csv", "recall_curve.csv"), study.report(dev, held, choice),
-                           strict=True):
-        frame.to_csv(RESULTS / name, index=False)
+    study.save_fit(study.fit(dev), RESULTS)
+    study.save_report(study.report(dev, held, json.loads((RESULTS / "chosen.json").read_text())), RESULTS)
 choice = json.loads((RESULTS / "chosen.json").read_text())
 candidates = pd.read_csv(RESULTS / "dev_candidates.csv")
 dev_runs = pd.read_csv(RESULTS / "dev_runs.csv", dtype={"warnings": str})  # "12" alone is not a number

@@ -390,28 +390,41 @@ def report(dev: Sequence[RunRecord], held: Sequence[RunRecord],
     return score_rule(rule_from_dict(choice["shipped"]), held), pd.DataFrame(rows), pd.DataFrame(curve)
 
 
-def write_fit(runs: Sequence[StudyRun], dest: str | Path) -> list[Path]:
-    """:func:`fit` on the development runs of ``runs``, written to ``dest``: ``dev_candidates.csv``,
-    ``dev_runs.csv`` and ``chosen.json``."""
+FIT_FILES = ("dev_candidates.csv", "dev_runs.csv", "chosen.json")
+REPORT_FILES = ("held_out_runs.csv", "held_out.csv", "recall_curve.csv")
+
+
+def save_fit(fitted: tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]], dest: str | Path) -> list[Path]:
+    """:func:`fit`'s result as :data:`FIT_FILES` in ``dest``."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    table, per_run, choice = fit(_records([r for r in runs if r.split == "dev"]))
-    paths = [dest / "dev_candidates.csv", dest / "dev_runs.csv", dest / "chosen.json"]
+    table, per_run, choice = fitted
+    paths = [dest / name for name in FIT_FILES]
     table.to_csv(paths[0], index=False)
     per_run.to_csv(paths[1], index=False)
     paths[2].write_text(json.dumps(choice, indent=1) + "\n")
     return paths
 
 
-def write_report(runs: Sequence[StudyRun], choice: dict[str, Any], dest: str | Path, own: str | Path) -> list[Path]:
-    """:func:`report` on ``runs``, written to ``dest``: ``held_out_runs.csv``, ``held_out.csv`` and
-    ``recall_curve.csv``; and ``manifest.csv``, the study's own runs (of :data:`NEW_ARMS`, relative to ``own``; the
-    development runs borrowed from issue 52 are in its manifest) with their hashes, times and commits."""
-    dest = Path(dest)
-    held = _records([r for r in runs if r.split != "dev"])
-    dev = _records([r for r in runs if r.split == "dev"])
-    paths = [dest / "held_out_runs.csv", dest / "held_out.csv", dest / "recall_curve.csv", dest / "manifest.csv"]
-    mine = [r.path for r in runs if r.arm in NEW_ARMS]
-    for path, table in zip(paths, [*report(dev, held, choice), manifest(mine, own)], strict=True):
+def save_report(reported: Sequence[pd.DataFrame], dest: str | Path) -> list[Path]:
+    """:func:`report`'s result as :data:`REPORT_FILES` in ``dest``."""
+    paths = [Path(dest) / name for name in REPORT_FILES]
+    for path, table in zip(paths, reported, strict=True):
         table.to_csv(path, index=False)
     return paths
+
+
+def write_fit(runs: Sequence[StudyRun], dest: str | Path) -> list[Path]:
+    """:func:`fit` on the development runs of ``runs``, saved to ``dest`` (:data:`FIT_FILES`)."""
+    return save_fit(fit(_records([r for r in runs if r.split == "dev"])), dest)
+
+
+def write_report(runs: Sequence[StudyRun], choice: dict[str, Any], dest: str | Path, own: str | Path) -> list[Path]:
+    """:func:`report` on ``runs``, saved to ``dest`` (:data:`REPORT_FILES`); and ``manifest.csv``, the study's own
+    runs (of :data:`NEW_ARMS`, relative to ``own``; the development runs borrowed from issue 52 are in its manifest)
+    with their hashes, times and commits."""
+    held = _records([r for r in runs if r.split != "dev"])
+    dev = _records([r for r in runs if r.split == "dev"])
+    paths = save_report(report(dev, held, choice), dest)
+    manifest([r.path for r in runs if r.arm in NEW_ARMS], own).to_csv(Path(dest) / "manifest.csv", index=False)
+    return [*paths, Path(dest) / "manifest.csv"]
