@@ -52,7 +52,7 @@ from moestab.experiments import drift, powered
 from moestab.experiments import precondition as pre
 from moestab.experiments.figures import plot_intervals, plot_mean_sd
 from moestab.experiments.findings import show_findings
-from moestab.experiments.provenance import commit_problems
+from moestab.experiments.provenance import commit_problems, read_declarations
 from moestab.experiments.registration import block
 from moestab.metrics.paired import paired_interval
 
@@ -82,16 +82,20 @@ stage_of = {arm: stage for arm, (stage, _) in drift.ARMS.items()}
 finished_by_stage = outcomes["arm"].map(stage_of).value_counts().sort_index()
 planned_by_stage = pd.Series([stage_of[r.run_dir.parent.name] for r in drift.all_runs(design, "out")]).value_counts()
 per_stage = planned_by_stage.sort_index().items()
-print(f"registered {registered_at}; finished runs per stage: "
+print(f"registered {registered_at}; runs reported per stage (a stage once all its runs have finished): "
       + ", ".join(f"stage {s} {int(finished_by_stage.get(s, 0))} of {n}" for s, n in per_stage))
-problems = commit_problems(manifest)
-print("provenance:", problems if problems else "one commit, clean tree")
+declared = read_declarations(RESULTS / "same_code.csv")  # commits scripts/same_run.py showed give the same runs
+problems = commit_problems(manifest, declared)
+commits = sorted(set(manifest["commit"].fillna("none").astype(str).str[:7]))
+print("provenance:", problems if problems else f"clean trees; commits {commits}"
+      + (f", declared the same code ({len(declared)} declaration)" if len(declared) else ""))
 
 # %% [markdown]
 # ## Every finished arm: mean eval accuracy and collapses
 #
 # Mean eval accuracy over the run's evaluations after step 0 (the primary outcome), mean and sd over seeds; the number
-# of runs that collapsed. Arms of a stage whose runs are not all finished are listed with what they have.
+# of runs that collapsed. A stage's arms appear once all its runs have finished: the report reads nothing of a
+# stage before, so no interim look steers it.
 
 # %%
 by_arm = outcomes.groupby("arm").agg(stage=("arm", lambda a: stage_of[a.iloc[0]]), runs=("seed", "count"),
@@ -113,6 +117,8 @@ by_arm.round(4)
 
 # %%
 replication = pd.read_csv(RESULTS / "replication.csv")
+if not replication.empty:  # stage 3 rebuilds two more of the powered experiment's arms: this section is stage 1's
+    replication = replication[replication["arm"].isin(drift.ANALYSED_ARMS)]
 if replication.empty:
     print("no replication: the committed outcomes were not given to the report")
 else:
@@ -194,17 +200,60 @@ print("expert-load entropy (nats) at the first and last step:",
 # Each contrast paired by seed: the mean difference with its 95% t-interval, p (paired t for the mean eval accuracy;
 # the exact McNemar test for collapse; the trend: the per-seed slope over K = 1, 10, 33, infinity coded 0-3, tested
 # against 0), Holm's adjusted p over the stage's primary contrasts, the realized sd and the minimum detectable
-# difference it gives. A stage appears once all its runs have finished.
+# difference it gives (accuracy rows). `as_good_as`: amendment 1's rule for "as good as", the interval inside +- the
+# stage's registered minimum detectable difference. A stage appears once all its runs have finished.
 
 # %%
+SHOWN = ["contrast", "outcome", "primary", "n", "mean_diff", "ci_low", "ci_high", "p", "p_holm", "sd",
+         "min_detectable"]
+
+
+def with_equivalence(rows: pd.DataFrame, stage: int) -> pd.DataFrame:
+    accuracy = ~rows["outcome"].isin([drift.OUTCOMES[1], drift.FREE_OUTCOMES[1]])
+    return rows.assign(as_good_as=[drift.equivalent(r, design, stage) if a else None
+                                   for (_, r), a in zip(rows.iterrows(), accuracy, strict=True)])
+
+
 for stage in sorted(drift.CONTRASTS):
     rows = contrasts[contrasts["stage"] == stage] if "stage" in contrasts else contrasts.iloc[0:0]
     if rows.empty:
-        print(f"stage {stage}: not all runs finished ({int(finished_by_stage.get(stage, 0))} of "
-              f"{int(planned_by_stage[stage])}); registered reading: {drift.READINGS[stage]}")
+        print(f"stage {stage}: not complete (the report reads its {int(planned_by_stage[stage])} runs once all have "
+              f"finished); registered reading: {drift.READINGS[stage]}")
         continue
     print(f"stage {stage}, registered reading: {drift.READINGS[stage]}")
-    display(rows.drop(columns=["stage"]).round(4))
+    registered = rows[rows["registered_outcome"] & (rows["kind"] != "amended")]
+    display(with_equivalence(registered, stage)[[*SHOWN, "as_good_as"]].round(4))
+
+# %% [markdown]
+# ## Amendment 1: every evaluation with free routes, and the contrasts the readings need
+#
+# Written before any stage 2 or 3 contrast was computed (docs/drift.md, "Amendment 1"). A run routed by a frozen model
+# evaluates under that model's routes, up to K steps stale, which favours it by more the longer routing is held. Below:
+# per arm, its checkpoints of steps 20-100 evaluated with free routes against what it recorded (held minus free); then
+# every registered contrast on the free outcomes (its own Holm family), and the amended contrasts (the trend without
+# K = infinity, GRPO at GSPO's routing change minus GSPO, the 2 x 2 interactions), unadjusted.
+
+# %%
+free = pd.read_csv(RESULTS / "free_evals.csv")
+if free.empty:
+    print("no free evaluations yet")
+else:
+    gap = free.assign(held_minus_free=free["recorded"] - free["free"]).groupby("arm").agg(
+        runs=("seed", "nunique"), recorded=("recorded", "mean"), free=("free", "mean"),
+        held_minus_free=("held_minus_free", "mean"), source=("source", "first"))
+    display(gap.reindex([a for a in drift.ARMS if a in gap.index]).round(4))
+for stage in sorted(set(contrasts["stage"])) if "stage" in contrasts else []:
+    amended = ~contrasts["registered_outcome"] | (contrasts["kind"] == "amended")
+    rows = contrasts[(contrasts["stage"] == stage) & amended]
+    print(f"stage {stage}, amendment 1 (the registered contrasts on the free outcomes, and the amended ones):")
+    display(with_equivalence(rows, stage)[[*SHOWN, "kind", "as_good_as"]].round(4))
+late = curves[(curves["step"] >= 40) & curves["eval_acc"].notna() & curves["arm"].isin([a for a, _ in drift.DOSE])]
+if not late.empty:  # K = 33 runs as routing-constant for steps 1-33: its evaluations from step 40 on, descriptively
+    print("mean eval accuracy over the evaluations of steps 40-100 (recorded), mean over seeds:",
+          late.groupby("arm")["eval_acc"].mean().round(4).to_dict())
+lr_check = drift.lr_match_check(curves)
+print("lr match in this draw (mean old->new over steps 1-40, lr-matched GRPO against GSPO, paired):",
+      {k: round(v, 5) for k, v in lr_check.items()})
 
 # %%
 done = sorted(set(contrasts["stage"])) if "stage" in contrasts else []
@@ -224,6 +273,7 @@ if 2 in done:
     trend = contrasts[(contrasts["contrast"] == drift.TREND) & (contrasts["outcome"] == drift.OUTCOMES[0])].iloc[0]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     plot_mean_sd(ax, dose, "window", "mean_eval_acc", label="routes held for K steps")
+    plot_mean_sd(ax, dose, "window", "free_eval_acc", label="the same, evaluated with free routes (amendment 1)")
     ax.axhline(outcomes[outcomes["arm"] == drift.BASELINE]["mean_eval_acc"].mean(), color="grey", linestyle=":",
                label="baseline (routing free)")
     ax.set_xticks([c for _, c in drift.DOSE], ["K = 1", "K = 10", "K = 33", "K = inf"])
@@ -272,5 +322,12 @@ for arm in entropy.columns:
     findings[f"{arm}.entropy_last"] = entropy[arm].iloc[-1]
 for row in contrasts.itertuples(index=False) if done else []:
     name = f"stage{row.stage}.{row.contrast.replace(' - ', '_minus_')}.{row.outcome}"
-    findings.update({f"{name}.{c}": getattr(row, c) for c in ("mean_diff", "ci_low", "ci_high", "p", "p_holm")})
+    findings.update({f"{name}.{c}": getattr(row, c) for c in ("mean_diff", "ci_low", "ci_high", "p", "p_holm", "n",
+                                                              "sd", "min_detectable")})
+    if row.outcome in (drift.OUTCOMES[0], drift.FREE_OUTCOMES[0]):
+        findings[f"{name}.as_good_as"] = drift.equivalent(row._asdict(), design, row.stage)
+if not free.empty:
+    for arm, row in gap.iterrows():
+        findings[f"free.{arm}.held_minus_free"] = row["held_minus_free"]
+findings.update({f"lr_match.{k}": v for k, v in lr_check.items()})
 show_findings(findings)

@@ -37,6 +37,7 @@ from moestab.experiments.registration import check_registered
 from moestab.metrics import keys
 from moestab.metrics.collapse_warning import COLLAPSE_DROP
 from moestab.metrics.paired import min_detectable_difference, paired_interval
+from moestab.run_folder import schema
 from moestab.run_folder.reader import load_metrics, read_run_info
 
 BASELINE = "moe_grpo_off"
@@ -86,6 +87,30 @@ READINGS = {
 }
 OUTCOMES = ("mean_eval_acc", "collapse")
 """Primary: mean eval accuracy over the run's evaluations; co-primary: collapse."""
+
+# ---- amendment 1 (docs/drift.md), fixed before any stage 2 or 3 contrast was computed; not registered before the
+# runs, so reported beside the registered results and labelled as such --------------------------------------------
+FREE_OUTCOMES = ("free_eval_acc", "free_collapse")
+"""The outcomes again with every evaluation routing freely: the mean eval accuracy of the checkpoints at the
+``save_every`` steps after 0 (20, 40, ..., 100) and collapse by the last one. A run routed by a frozen model
+(routing-constant, the refresh arms) records its evaluations under that model's routes, up to K steps stale, which
+favours it by more the longer routing is held; these outcomes are free of that."""
+TREND_FINITE = "trend_finite"
+"""The dose-response without K = infinity: the slope over K = 1, 10, 33 alone (codes 0..2), so that routing-constant
+cannot make the trend by itself."""
+INTERACTIONS = {
+    "interaction_held": (("constant_gspo", "constant_grpo"), ("moe_gspo_off", BASELINE)),
+    "interaction_dense": (("dense_gspo_off", "dense_grpo_off"), ("moe_gspo_off", BASELINE)),
+}
+"""Stage 3's 2 x 2 interactions, per seed ``(a - b) - (c - d)``: how much GSPO's advantage over GRPO changes when
+routing is held at the base's, or on the dense model, against the free MoE."""
+AMENDED: dict[int, tuple[tuple[str, str] | str, ...]] = {
+    2: (TREND_FINITE,),
+    3: (("moe_grpo_lrmatch", "moe_gspo_off"), *INTERACTIONS),
+}
+"""Per stage, the contrasts amendment 1 adds, reported unadjusted."""
+EQUIVALENCE = "the 95% interval of the difference lies within +- the stage's registered minimum detectable difference"
+"""Amendment 1's rule for "as good as": an interval containing 0 alone is absence of evidence."""
 ASSUMED_SD = 0.046
 """The paired sd of the mean eval accuracy the power computation assumes: the upper end of the powered experiment's
 2.4-4.6 points (post hoc, :func:`posthoc_sd` on its committed curves)."""
@@ -215,10 +240,11 @@ def mcnemar_p(arm: Sequence[float], reference: Sequence[float]) -> float:
     return min(1.0, 2 * tail)
 
 
-def trend_slopes(table: pd.DataFrame, outcome: str) -> pd.Series:
-    """Per seed with every :data:`DOSE` level, the least-squares slope of ``outcome`` over the levels' codes."""
+def trend_slopes(table: pd.DataFrame, outcome: str, levels: Sequence[tuple[str, int]] = DOSE) -> pd.Series:
+    """Per seed with every level of ``levels`` (:data:`DOSE`), the least-squares slope of ``outcome`` over the levels'
+    codes."""
     wide = table.pivot(index="seed", columns="arm", values=outcome)
-    arms, codes = [a for a, _ in DOSE], np.array([c for _, c in DOSE], float)
+    arms, codes = [a for a, _ in levels], np.array([c for _, c in levels], float)
     wide = wide.reindex(columns=arms).dropna()
     centred = codes - codes.mean()
     return (wide.to_numpy() - wide.to_numpy().mean(axis=1, keepdims=True)) @ centred / (centred @ centred) \
@@ -226,42 +252,79 @@ def trend_slopes(table: pd.DataFrame, outcome: str) -> pd.Series:
 
 
 def _pairs(table: pd.DataFrame, contrast: tuple[str, str] | str, outcome: str) -> tuple[list[float], list[float]]:
-    """The contrast's paired values (arm, reference) over the seeds that have both; the trend's slopes against 0."""
-    if contrast == TREND:
-        slopes = list(np.asarray(trend_slopes(table, outcome), float))
+    """The contrast's paired values (arm, reference) over the seeds that have both; a trend's slopes, and an
+    interaction's per-seed ``(a - b) - (c - d)``, against 0."""
+    if contrast in (TREND, TREND_FINITE):
+        levels = DOSE if contrast == TREND else [(arm, code) for arm, code in DOSE if arm != "constant_grpo"]
+        slopes = list(np.asarray(trend_slopes(table, outcome, levels), float))
         return slopes, [0.0] * len(slopes)
+    if contrast in INTERACTIONS:
+        (a, b), (c, d) = INTERACTIONS[contrast]
+        wide = table.pivot(index="seed", columns="arm", values=outcome).reindex(columns=[a, b, c, d]).dropna()
+        values = ((wide[a] - wide[b]) - (wide[c] - wide[d])).tolist()
+        return values, [0.0] * len(values)
     arm, ref = contrast
     wide = table.pivot(index="seed", columns="arm", values=outcome).reindex(columns=[arm, ref]).dropna()
     return wide[arm].tolist(), wide[ref].tolist()
 
 
+def contrast_name(contrast: tuple[str, str] | str) -> str:
+    """``"arm - reference"``, or the trend's or interaction's name."""
+    return contrast if isinstance(contrast, str) else f"{contrast[0]} - {contrast[1]}"
+
+
 def contrasts(table: pd.DataFrame, design: DriftDesign, stage: int) -> pd.DataFrame:
-    """``stage``'s contrasts on both outcomes: mean paired difference, 95% t-interval, p (paired t for the mean eval
-    accuracy, exact McNemar for collapse; the trend: the slopes' t-test), Holm's adjusted p over the primary ones,
-    the realized sd and the minimum detectable difference it gives at the level the contrast was powered at."""
+    """``stage``'s contrasts on each outcome ``table`` has: mean paired difference, 95% t-interval, p (paired t for
+    an accuracy, exact McNemar for a collapse; trends and interactions: the t-test of their per-seed values), Holm's
+    adjusted p over the primary ones per outcome (an undefined p, all differences 0, counts as 1: the family keeps
+    its registered size), the realized sd and the minimum detectable difference it gives at the level the contrast
+    was powered at (accuracy rows only: a t-test's, in the contrast's own units, a trend's per level). ``kind``:
+    ``primary`` / ``secondary`` (registered), ``amended`` (amendment 1: :data:`AMENDED`); ``registered_outcome``:
+    False for :data:`FREE_OUTCOMES` (amendment 1)."""
     rows = []
     primary = CONTRASTS[stage]["primary"]
-    for kind in ("primary", "secondary"):
-        for contrast in CONTRASTS[stage][kind]:
-            name = contrast if contrast == TREND else f"{contrast[0]} - {contrast[1]}"
-            for outcome in OUTCOMES:
-                a, b = _pairs(table, contrast, outcome)
-                ci = paired_interval(a, b) if len(a) >= 2 else None
-                diffs = [x - y for x, y in zip(a, b, strict=True)]
-                p = (paired_p(diffs) if outcome == OUTCOMES[0] or contrast == TREND else mcnemar_p(a, b))
-                level = design.alpha / len(primary) if kind == "primary" else design.alpha
-                detectable = (min_detectable_difference(ci.sd, ci.n, level, design.power)
-                              if ci is not None and ci.sd > 0 else math.nan)
-                rows.append({"stage": stage, "contrast": name, "outcome": outcome, "primary": kind == "primary",
-                             "n": len(a), "mean_diff": ci.mean if ci else math.nan,
-                             "ci_low": ci.low if ci else math.nan, "ci_high": ci.high if ci else math.nan,
-                             "p": p, "sd": ci.sd if ci else math.nan, "min_detectable": detectable})
+    listed = [(kind, c) for kind in ("primary", "secondary") for c in CONTRASTS[stage][kind]]
+    listed += [("amended", c) for c in AMENDED.get(stage, ())]
+    for kind, contrast in listed:
+        for outcome in [o for o in (*OUTCOMES, *FREE_OUTCOMES) if o in table.columns]:
+            binary = outcome in (OUTCOMES[1], FREE_OUTCOMES[1])
+            a, b = _pairs(table, contrast, outcome)
+            ci = paired_interval(a, b) if len(a) >= 2 else None
+            diffs = [x - y for x, y in zip(a, b, strict=True)]
+            p = mcnemar_p(a, b) if binary and isinstance(contrast, tuple) else paired_p(diffs)
+            level = design.alpha / len(primary) if kind == "primary" else design.alpha
+            detectable = (min_detectable_difference(ci.sd, ci.n, level, design.power)
+                          if ci is not None and ci.sd > 0 and not binary else math.nan)
+            rows.append({"stage": stage, "contrast": contrast_name(contrast), "outcome": outcome,
+                         "primary": kind == "primary", "kind": kind,
+                         "registered_outcome": outcome in OUTCOMES, "n": len(a),
+                         "mean_diff": ci.mean if ci else math.nan, "ci_low": ci.low if ci else math.nan,
+                         "ci_high": ci.high if ci else math.nan, "p": p, "sd": ci.sd if ci else math.nan,
+                         "min_detectable": detectable})
     out = pd.DataFrame(rows)
     out["p_holm"] = math.nan
-    for outcome in OUTCOMES:
-        chosen = out["primary"] & (out["outcome"] == outcome) & out["p"].notna()
-        out.loc[chosen, "p_holm"] = holm(out.loc[chosen, "p"].tolist())
+    for outcome in out["outcome"].unique():
+        chosen = out["primary"] & (out["outcome"] == outcome)
+        out.loc[chosen, "p_holm"] = holm(out.loc[chosen, "p"].fillna(1.0).tolist())
     return out
+
+
+def equivalent(row: pd.Series | dict, design: DriftDesign, stage: int) -> bool:
+    """Amendment 1's "as good as" (:data:`EQUIVALENCE`) for a contrast row of mean eval accuracy."""
+    margin = design.min_detectable(stage)
+    return bool(-margin < row["ci_low"] and row["ci_high"] < margin)
+
+
+def lr_match_check(curves: pd.DataFrame, window: int = MATCH_WINDOW) -> dict[str, float]:
+    """Amendment 1's check that the lr match held in this draw: per seed, the mean old->new routing change over the
+    first ``window`` steps of the lr-matched GRPO arm against GSPO's (``step_curves.csv``), paired."""
+    early = curves[(curves["step"] <= window) & curves["arm"].isin(["moe_grpo_lrmatch", "moe_gspo_off"])]
+    wide = early.groupby(["seed", "arm"])["old_new"].mean().unstack().dropna()
+    if len(wide) < 2:
+        return {"n": float(len(wide))}
+    ci = paired_interval(wide["moe_grpo_lrmatch"].tolist(), wide["moe_gspo_off"].tolist())
+    return {"n": float(ci.n), "lrmatch": float(wide["moe_grpo_lrmatch"].mean()),
+            "gspo": float(wide["moe_gspo_off"].mean()), "mean_diff": ci.mean, "ci_low": ci.low, "ci_high": ci.high}
 
 
 # ---- stage 1: the analysis ----------------------------------------------------------------------------------------
@@ -270,9 +333,10 @@ ANALYSED_ARMS = ("moe_grpo_off", "moe_grpo_r3", "constant_grpo")
 ROUTINGS = ("free", "base")
 
 
-def checkpoint_accuracy(run: str | Path, routing: str) -> float:
-    """Greedy eval accuracy of ``run``'s final checkpoint on the run's own eval set, routing freely (``free``) or with
-    every forward routed as the run's warm-started base routes the same tokens (``base``)."""
+def checkpoint_accuracy(run: str | Path, routing: str, step: int | None = None) -> float:
+    """Greedy eval accuracy of ``run``'s checkpoint of ``step`` (default: its last) on the run's own eval set, routing
+    freely (``free``) or with every forward routed as the run's warm-started base routes the same tokens (``base``;
+    the warm-started base, never a refresh arm's copy)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -289,7 +353,7 @@ def checkpoint_accuracy(run: str | Path, routing: str) -> float:
     config = TrainConfig(**{k: v for k, v in info.config.items() if k in TrainConfig.__dataclass_fields__})
     task = task_from_spec(config.task)
     dtype, cpu = DTYPES[config.dtype], torch.device("cpu")
-    path = str(RunFolder(run).checkpoint_dir(info.last_step))
+    path = str(RunFolder(run).checkpoint_dir(info.last_step if step is None else step))
     model = load_policy(path, dtype, cpu).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     eval_set = task.eval_set(config.eval_size, seed=config.seed + 1)
@@ -301,18 +365,74 @@ def checkpoint_accuracy(run: str | Path, routing: str) -> float:
         return greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens=budget)
 
 
-def checkpoint_evals(runs: Sequence[GridRun]) -> pd.DataFrame:
+def _known(known: pd.DataFrame | None, key: dict[str, Any]) -> pd.Series | None:
+    """The row of ``known`` (an earlier report's table) with every ``key`` value, if exactly one: evaluations of a
+    finished run's checkpoints never change, so a report computes each once (``created`` names the run)."""
+    if known is None or known.empty or not set(key) <= set(known.columns):
+        return None
+    match = known
+    for column, value in key.items():
+        match = match[match[column].astype(str) == str(value)]
+    return match.iloc[0] if len(match) == 1 else None
+
+
+def checkpoint_evals(runs: Sequence[GridRun], known: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per finished run of :data:`ANALYSED_ARMS`: its final checkpoint's accuracy under each routing, beside the
-    accuracy the run recorded at its end (under its own routing: the base's for routing-constant)."""
+    accuracy the run recorded at its end (under its own routing: the base's for routing-constant); rows of ``known``
+    for the same run reused."""
     rows = []
     for run in runs:
         arm = run.run_dir.parent.name
         if arm not in ANALYSED_ARMS or not _finished(run):
             continue
-        recorded = read_run_info(run.run_dir).final_accuracy
-        rows.append({"arm": arm, "seed": run.values["seed"], "recorded": recorded,
-                     **{routing: checkpoint_accuracy(run.run_dir, routing) for routing in ROUTINGS}})
+        info = read_run_info(run.run_dir)
+        key = {"arm": arm, "seed": run.values["seed"], "created": info.created}
+        earlier = _known(known, key)
+        evaluated = ({routing: float(earlier[routing]) for routing in ROUTINGS} if earlier is not None
+                     else {routing: checkpoint_accuracy(run.run_dir, routing) for routing in ROUTINGS})
+        rows.append({**key, "recorded": info.final_accuracy, **evaluated})
     return pd.DataFrame(rows)
+
+
+def free_eval_steps(config: Any) -> list[int]:
+    """The steps whose checkpoint :data:`FREE_OUTCOMES` evaluate: the ``save_every`` steps after 0 and the last, where
+    the run also evaluated (20, 40, ..., 100 here)."""
+    saved = {s for s in range(config.save_every, config.steps + 1, config.save_every)} | {config.steps}
+    return sorted(s for s in saved if s % config.eval_every == 0 or s == config.steps)
+
+
+def free_evals(runs: Sequence[GridRun], known: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per finished run and :func:`free_eval_steps` step: the accuracy it recorded and its accuracy routing freely:
+    the recorded one where the run evaluated with free routes, else its checkpoint evaluated so
+    (``source``: ``recorded`` / ``evaluated``); evaluated rows of ``known`` for the same run reused."""
+    rows = []
+    for run in runs:
+        if not _finished(run):
+            continue
+        info = read_run_info(run.run_dir)
+        metrics = load_metrics(run.run_dir).set_index(keys.STEP)[keys.EVAL_ACCURACY]
+        held = run.config.routing_replay in schema.BASE_ROUTED_MODES
+        for step in free_eval_steps(run.config):
+            key = {"arm": run.run_dir.parent.name, "seed": run.values["seed"], "step": step, "created": info.created}
+            recorded = float(metrics.get(step, math.nan))
+            earlier = _known(known, key) if held else None
+            free = (recorded if not held else float(earlier["free"]) if earlier is not None
+                    else checkpoint_accuracy(run.run_dir, "free", step))
+            rows.append({**key, "recorded": recorded, "free": free, "source": "evaluated" if held else "recorded"})
+    return pd.DataFrame(rows)
+
+
+def with_free_outcomes(table: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (:func:`outcomes`) with :data:`FREE_OUTCOMES` from :func:`free_evals`' rows."""
+    if evals.empty:
+        return table.assign(**{name: math.nan for name in FREE_OUTCOMES})
+    last = evals.sort_values("step").groupby(["arm", "seed"]).tail(1).set_index(["arm", "seed"])["free"]
+    mean = evals.groupby(["arm", "seed"])["free"].mean()
+    out = table.set_index(["arm", "seed"])
+    out[FREE_OUTCOMES[0]] = mean.reindex(out.index)
+    final = last.reindex(out.index)
+    out[FREE_OUTCOMES[1]] = (final < out["start_acc"] - COLLAPSE_DROP).astype(float).where(final.notna())
+    return out.reset_index()
 
 
 STEP_COLUMNS = {
@@ -366,32 +486,41 @@ def replication(table: pd.DataFrame, committed: pd.DataFrame, lr: float) -> pd.D
     return both
 
 
-RESULT_FILES = ("outcomes.csv", "contrasts.csv", "checkpoint_evals.csv", "step_curves.csv", "replication.csv",
-                "manifest.csv")
+RESULT_FILES = ("outcomes.csv", "contrasts.csv", "checkpoint_evals.csv", "free_evals.csv", "step_curves.csv",
+                "replication.csv", "manifest.csv")
 
 
 def write_results(design: DriftDesign, out: str | Path, dest: str | Path,
                   committed_outcomes: str | Path | None = None) -> list[Path]:
-    """:data:`RESULT_FILES` in ``dest`` from the finished runs under ``out``: a stage's contrasts only once all its
-    arms have finished on every seed; the replication only with ``committed_outcomes`` (the powered experiment's)."""
+    """:data:`RESULT_FILES` in ``dest`` from the runs under ``out`` of every complete stage (all its arms finished on
+    every seed, and every earlier stage's): nothing of a stage is read before it completes, so no interim look
+    steers it; the replication only with ``committed_outcomes`` (the powered experiment's)."""
     runs = all_runs(design, out)
-    finished = [r for r in runs if _finished(r)]
-    table = outcomes(finished) if finished else pd.DataFrame(columns=["arm", "seed", "lr", *OUTCOMES])
-    complete = [s for s in CONTRASTS if s in design.stages
-                and all(_finished(r) for r in runs if ARMS[r.run_dir.parent.name][0] <= s)]
+    dest = Path(dest)
+    complete = [s for s in design.stages if all(_finished(r) for r in runs if ARMS[r.run_dir.parent.name][0] <= s)]
+    finished = [r for r in runs if ARMS[r.run_dir.parent.name][0] in complete]
+    evals = free_evals(finished, _earlier(dest / "free_evals.csv"))
+    table = (with_free_outcomes(outcomes(finished), evals) if finished
+             else pd.DataFrame(columns=["arm", "seed", "lr", *OUTCOMES, *FREE_OUTCOMES]))
+    complete = [s for s in complete if s in CONTRASTS]
     frames = {
         "outcomes.csv": table,
         "contrasts.csv": pd.concat([contrasts(table, design, s) for s in complete]) if complete else pd.DataFrame(),
-        "checkpoint_evals.csv": checkpoint_evals(finished),
+        "checkpoint_evals.csv": checkpoint_evals(finished, _earlier(dest / "checkpoint_evals.csv")),
+        "free_evals.csv": evals,
         "step_curves.csv": step_curves(finished),
         "replication.csv": (replication(table, pd.read_csv(committed_outcomes), design.powered.lr)
                             if committed_outcomes is not None and len(table) else pd.DataFrame()),
         "manifest.csv": manifest([r.run_dir for r in finished], out),
     }
-    dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name, frame in frames.items():
         if frame.columns.empty:  # nothing yet: a header CSV readers can load
             frame = pd.DataFrame(columns=["arm", "seed"])
         frame.to_csv(dest / name, index=False, float_format="%.6g")
     return [dest / name for name in RESULT_FILES]
+
+
+def _earlier(path: Path) -> pd.DataFrame | None:
+    """An earlier report's table, whose evaluations :func:`_known` reuses (none: ``None``)."""
+    return pd.read_csv(path) if path.is_file() and path.stat().st_size else None

@@ -97,6 +97,72 @@ def test_contrasts_pair_by_seed_and_correct_the_primary_ones(tmp_path):
     assert out.loc[("trend", "mean_eval_acc"), "mean_diff"] > 0  # the outcome rises with the window
 
 
+def test_an_undefined_p_keeps_the_holm_family_at_its_registered_size(tmp_path):
+    """Amendment 1: no run of the dose arms collapses, so every seed's collapse slope is 0 and the trend's p is
+    undefined; the collapse family is still adjusted over its 4 registered contrasts, the undefined one at 1."""
+    design = _design(tmp_path)
+    rows = [{"arm": arm, "seed": seed, "mean_eval_acc": 0.5 + 0.01 * ((seed + len(arm)) % 3),
+             "collapse": float(arm in (drift.BASELINE, "moe_grpo_lb") and seed < 3)}
+            for seed in range(6) for arm in drift.ARMS]
+    out = drift.contrasts(pd.DataFrame(rows), design, 2)
+    family = out[out["primary"] & (out["outcome"] == "collapse")].set_index("contrast")
+    assert len(family) == 4 and math.isnan(family.loc["trend", "p"]) and family.loc["trend", "p_holm"] == 1.0
+    defined = family.drop(index="trend")
+    assert list(defined["p_holm"]) == pytest.approx(powered.holm([*defined["p"], 1.0])[:3])
+    assert family["min_detectable"].isna().all()  # a t-test's detectable difference means nothing for McNemar
+
+
+def test_the_amended_contrasts_against_their_definitions(tmp_path):
+    """The trend without K = infinity is the per-seed slope over K = 1, 10, 33; an interaction is per seed
+    (a - b) - (c - d); the amended rows are unadjusted, and the free outcomes get every contrast too."""
+    design = _design(tmp_path)
+    rng = np.random.default_rng(1)
+    table = pd.DataFrame([{"arm": arm, "seed": seed, "mean_eval_acc": rng.normal(0.5, 0.05),
+                           "collapse": float(rng.random() < 0.3), "free_eval_acc": rng.normal(0.5, 0.05),
+                           "free_collapse": 0.0} for seed in range(7) for arm in drift.ARMS])
+    wide = table.pivot(index="seed", columns="arm", values="free_eval_acc")
+    two = drift.contrasts(table, design, 2).set_index(["contrast", "outcome"])
+    finite = two.loc[("trend_finite", "free_eval_acc")]
+    dose = ["refresh_k1", "refresh_k10", "refresh_k33"]
+    slopes = [np.polyfit([0, 1, 2], wide.loc[s, dose], 1)[0] for s in wide.index]
+    assert finite["mean_diff"] == pytest.approx(np.mean(slopes), abs=1e-12) and finite["kind"] == "amended"
+    assert math.isnan(finite["p_holm"]) and not finite["registered_outcome"]
+    three = drift.contrasts(table, design, 3).set_index(["contrast", "outcome"])
+    held = three.loc[("interaction_held", "free_eval_acc")]
+    per_seed = ((wide["constant_gspo"] - wide["constant_grpo"]) - (wide["moe_gspo_off"] - wide["moe_grpo_off"]))
+    assert held["mean_diff"] == pytest.approx(per_seed.mean(), abs=1e-12) and held["n"] == 7
+    assert held["sd"] == pytest.approx(per_seed.std(), abs=1e-12)
+    primary = three[three["primary"]].xs("free_eval_acc", level="outcome")
+    assert list(primary["p_holm"]) == pytest.approx(powered.holm(list(primary["p"])))  # its own family
+    assert three.loc[("moe_grpo_lrmatch - moe_gspo_off", "free_eval_acc"), "kind"] == "amended"
+
+
+def test_as_good_as_needs_the_interval_inside_the_registered_detectable_difference(tmp_path):
+    design = _design(tmp_path)
+    margin = design.min_detectable(2)
+    assert drift.equivalent({"ci_low": -margin / 2, "ci_high": margin / 2}, design, 2)
+    assert not drift.equivalent({"ci_low": -margin * 1.5, "ci_high": margin / 2}, design, 2)  # 0 inside: not enough
+
+
+def test_the_free_outcomes_take_the_mean_and_the_last_free_evaluation():
+    evals = pd.DataFrame([{"arm": "a", "seed": 1, "step": s, "free": v} for s, v in ((20, 0.5), (40, 0.3), (60, 0.2))]
+                         + [{"arm": "a", "seed": 2, "step": s, "free": 0.45} for s in (20, 40, 60)])
+    table = pd.DataFrame([{"arm": "a", "seed": 1, "start_acc": 0.45}, {"arm": "a", "seed": 2, "start_acc": 0.45},
+                          {"arm": "b", "seed": 1, "start_acc": 0.45}])
+    out = drift.with_free_outcomes(table, evals).set_index(["arm", "seed"])
+    assert out.loc[("a", 1), "free_eval_acc"] == pytest.approx(1 / 3) and out.loc[("a", 1), "free_collapse"] == 1.0
+    assert out.loc[("a", 2), "free_collapse"] == 0.0  # 0.45 is not more than 10 points below 0.45
+    assert math.isnan(out.loc[("b", 1), "free_eval_acc"]) and math.isnan(out.loc[("b", 1), "free_collapse"])
+
+
+def test_the_lr_match_check_pairs_the_early_routing_change_by_seed():
+    rows = [{"arm": arm, "seed": seed, "step": step, "old_new": base + 0.001 * seed + (0.5 if step > 40 else 0)}
+            for arm, base in (("moe_grpo_lrmatch", 0.04), ("moe_gspo_off", 0.037)) for seed in range(4)
+            for step in (1, 20, 40, 60)]
+    check = drift.lr_match_check(pd.DataFrame(rows))
+    assert check["n"] == 4 and check["mean_diff"] == pytest.approx(0.003) and check["lrmatch"] == pytest.approx(0.0415)
+
+
 def test_provenance_refuses_mixed_commits_unless_declared_and_dirty_or_unknown_code():
     clean = pd.DataFrame({"run": ["a/1", "a/2"], "commit": ["c1" * 20, "c1" * 20], "dirty": [False, False]})
     assert commit_problems(clean) == []
@@ -131,7 +197,7 @@ def test_same_run_declares_two_identical_runs_and_refuses_to_declare_without_a_c
 
 
 @pytest.mark.slow
-def test_a_tiny_experiment_runs_reports_and_evaluates_its_checkpoints(tmp_path):
+def test_a_tiny_experiment_runs_reports_and_evaluates_its_checkpoints(tmp_path, monkeypatch):
     design = _design(tmp_path)
     doc = tmp_path / "drift.md"
     with pytest.raises(RegistrationError, match="no registration"):
@@ -151,6 +217,21 @@ def test_a_tiny_experiment_runs_reports_and_evaluates_its_checkpoints(tmp_path):
     # Each run's own routing reproduces the accuracy it recorded at its end.
     assert (evals.loc["constant_grpo", "base"] == evals.loc["constant_grpo", "recorded"]).all()
     assert (evals.loc["moe_grpo_off", "free"] == evals.loc["moe_grpo_off", "recorded"]).all()
+    free = pd.read_csv(tmp_path / "results" / "free_evals.csv").set_index(["arm", "seed", "step"])
+    steps = drift.free_eval_steps(runs[0].config)
+    assert steps == list(range(design.powered.steps + 1))[1:] and len(free) == len(runs) * len(steps)
+    assert (free.xs("constant_grpo", level="arm")["source"] == "evaluated").all()
+    assert (free.xs(drift.BASELINE, level="arm")["free"] == free.xs(drift.BASELINE, level="arm")["recorded"]).all()
+    held = free.xs("constant_grpo", level="arm").xs(2, level="step")["free"]
+    assert (held == evals.loc["constant_grpo", "free"]).all()  # the same checkpoint evaluated by the stage-1 path
+    baseline_run = next(r for r in runs if r.run_dir.parent.name == drift.BASELINE)
+    assert drift.checkpoint_accuracy(baseline_run.run_dir, "free", 2) == free.loc[(drift.BASELINE, 2000, 2), "free"]
+    outcomes = pd.read_csv(tmp_path / "results" / "outcomes.csv")
+    assert outcomes["free_eval_acc"].notna().all()
+    monkeypatch.setattr(drift, "checkpoint_accuracy", lambda *a, **k: pytest.fail("evaluated again"))
+    drift.write_results(design, tmp_path / "runs", tmp_path / "results",
+                        ROOT / "docs" / "powered_results" / "outcomes.csv")  # every evaluation reused
+    assert pd.read_csv(tmp_path / "results" / "free_evals.csv").equals(free.reset_index())
     curves = pd.read_csv(tmp_path / "results" / "step_curves.csv")
     assert len(curves) == len(runs) * design.powered.steps
     assert (curves[curves["arm"] == "constant_grpo"]["base_distance"] == 0).all()
