@@ -5,10 +5,11 @@
 
 
 Compares what a run's numbers are: every metrics.jsonl value but wall times (``time/...``), every per-token table
-(all columns, exact), every checkpoint's files (bytes; the optimizer / loop state compared as loaded tensors) and
-run.json's config (a setting a run predates counts at its default), model and accuracies. Prints each difference
-and exits 1 if any, else prints what was compared and exits 0. Used to check restructurings against the previous
-commit: run the same command with both commits' code into two folders and compare them.
+(all columns, exact), every checkpoint's files (bytes; the optimizer / loop state, where the checkpoint keeps one,
+compared as loaded tensors) and run.json's config (a setting a run predates counts at its default), model and
+accuracies. Prints each difference and exits 1 if any, else prints what was compared and exits 0. Used to check
+restructurings against the previous commit: run the same command with both commits' code into two folders and
+compare them.
 """
 
 from __future__ import annotations
@@ -114,8 +115,14 @@ def _checkpoints(a: Path, b: Path) -> tuple[list[str], int]:
             compared += 1
             if _digest(folder_a / name) != _digest(folder_b / name):
                 out.append(f"checkpoint {step}: {name} differs")
-        sa = torch.load(a / schema.state_file(step), map_location="cpu", weights_only=True)
-        sb = torch.load(b / schema.state_file(step), map_location="cpu", weights_only=True)
+        state_a, state_b = a / schema.state_file(step), b / schema.state_file(step)
+        if state_a.is_file() != state_b.is_file():  # older checkpoints keep weights only (checkpoint.KEEP_STATES)
+            out.append(f"checkpoint {step}: a training state in {a if state_a.is_file() else b} only")
+            continue
+        if not state_a.is_file():
+            continue
+        sa = torch.load(state_a, map_location="cpu", weights_only=True)
+        sb = torch.load(state_b, map_location="cpu", weights_only=True)
         compared += 1
         if not _state_equal(sa, sb):
             out.append(f"checkpoint {step}: optimizer / loop state differs")

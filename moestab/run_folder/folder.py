@@ -128,17 +128,21 @@ class RunFolder:
         """run.json (:func:`~moestab.run_folder.run_info.read_run_info`)."""
         return read_run_info(self.path)
 
-    def complete_checkpoints(self) -> list[int]:
-        """Steps with a complete checkpoint, ascending: both the model folder and the training state exist (each is
-        renamed into place when whole, so a kill never leaves a partial one)."""
+    def saved_checkpoints(self) -> list[int]:
+        """Steps with a checkpoint's model folder, ascending, with or without its training state."""
         if not self.checkpoints_dir.is_dir():
             return []
         steps = []
         for entry in self.checkpoints_dir.iterdir():
             step = schema.parse_step_name(entry.name)
-            if step is not None and entry.is_dir() and self.state_file(step).is_file():
+            if step is not None and entry.is_dir():
                 steps.append(step)
         return sorted(steps)
+
+    def complete_checkpoints(self) -> list[int]:
+        """Steps with a complete checkpoint, ascending: both the model folder and the training state exist (each is
+        renamed into place when whole, so a kill never leaves a partial one)."""
+        return [step for step in self.saved_checkpoints() if self.state_file(step).is_file()]
 
     def lock(self, *, note: Callable[[str], None]) -> AbstractContextManager[None]:
         """The folder's one-writer lock while inside (:func:`moestab.run_folder.lock.run_lock`)."""
@@ -266,9 +270,19 @@ class RunFolder:
         :meth:`resume_point` passed over as damaged and the run recomputes. Returns their steps."""
         later = [s for s in self.complete_checkpoints() if s > step]
         for later_step in later:
-            remove(self.state_file(later_step))  # first: the checkpoint is no longer complete
-            remove(self.checkpoint_dir(later_step))
+            self.drop_checkpoint(later_step)
         return later
+
+    def drop_checkpoint(self, step: int) -> None:
+        """Delete the checkpoint of ``step``: its training state first (the checkpoint is then no longer complete,
+        so a kill in between leaves weights nobody resumes from), then its model folder."""
+        self.drop_state(step)
+        remove(self.checkpoint_dir(step))
+
+    def drop_state(self, step: int) -> None:
+        """Delete the training state of ``step``, keeping its model folder: only ``--resume`` reads a state, and
+        the analyses, the dashboard and the checkpoint evaluations read the weights."""
+        remove(self.state_file(step))
 
     def metric_lines(self) -> tuple[list[tuple[int, str]], list[int]]:
         """metrics.jsonl as ``([(step, line), ...], torn)``: ``torn`` the 1-based numbers of lines that are not JSON

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -19,6 +20,12 @@ from moestab.run_folder import RunFolder
 from moestab.run_folder.errors import RunFileError
 from moestab.text import clip
 from moestab.train.distributed import load_optimizer
+from moestab.train.route_bases import refresh_source
+
+KEEP_STATES = 2
+"""Training states a run keeps: its two newest checkpoints' (``--resume`` reads the newest, and the one before when
+the newest is damaged). Older checkpoints keep their weights, which the analyses read; a state, the optimizer's
+moments, is twice the weights' size."""
 
 
 def save_checkpoint(
@@ -67,3 +74,36 @@ def restore_training_state(folder: RunFolder, step: int, model: torch.nn.Module,
         raise RunFileError(folder.state_file(step), f"does not fit this run's optimizer ({type(exc).__name__}: "
                            f"{clip(str(exc), 200)}); it is not the file moestab wrote") from exc
     return loop_state
+
+
+def superseded_checkpoints(saved: Sequence[int], complete: Sequence[int], *, save_every: int, steps: int,
+                           refresh_every: int = 0, keep_states: int = KEEP_STATES) -> tuple[list[int], list[int]]:
+    """What a run no longer needs once its newest checkpoint is written: ``(whole, states)``, the steps whose
+    checkpoint goes whole and those whose training state alone goes.
+
+    ``saved``: the steps with a checkpoint's weights; ``complete``: those with its training state too. All but the
+    newest ``keep_states`` complete ones lose their state. A checkpoint written only because ``--base-refresh-every``
+    refreshed the route copy (a multiple of ``refresh_every`` that is neither a ``save_every`` step nor the last,
+    ``steps``) goes whole once no kept state resumes its copy from it: with K = 1 a run would otherwise keep a
+    checkpoint for every step."""
+    kept = sorted(complete)[len(complete) - keep_states:] if keep_states > 0 else []
+    needed = {refresh_source(step, refresh_every) for step in kept} if refresh_every else set()
+
+    def refresh_only(step: int) -> bool:
+        return bool(refresh_every) and step % refresh_every == 0 and step % save_every != 0 and step != steps
+
+    whole = [step for step in sorted(saved) if refresh_only(step) and step not in needed and step not in kept]
+    states = [step for step in sorted(complete) if step not in kept and step not in whole]
+    return whole, states
+
+
+def prune_checkpoints(folder: RunFolder, *, save_every: int, steps: int, refresh_every: int = 0) -> tuple[list[int],
+                                                                                                           list[int]]:
+    """Delete what :func:`superseded_checkpoints` names in ``folder``; returns it, ``(whole, states)``."""
+    whole, states = superseded_checkpoints(folder.saved_checkpoints(), folder.complete_checkpoints(),
+                                           save_every=save_every, steps=steps, refresh_every=refresh_every)
+    for step in whole:
+        folder.drop_checkpoint(step)
+    for step in states:
+        folder.drop_state(step)
+    return whole, states

@@ -60,7 +60,9 @@ class TrainConfig:
     base, never refreshed (routing-constant). K >= 1: a frozen copy of the policy that takes the policy's weights at the
     start of steps 1, K + 1, 2K + 1, ..., so routing is held within each window of K steps and moves between windows;
     K = 1 routes every forward of a step as pi_old routes (issue 52's dose-response between R2 and routing-constant).
-    Each refresh's weights are saved as a checkpoint (steps K, 2K, ...), which --resume restores the copy from."""
+    Each refresh's weights are saved as a checkpoint (steps K, 2K, ...), which --resume restores the copy from; one
+    neither a save_every step nor the last is deleted once no kept training state needs it
+    (moestab.train.checkpoint.superseded_checkpoints)."""
     measure_base_routes: bool = False
     """Log how far the rollout's routes are from the routes the warm-started base chooses for the same tokens
     (routing/base_rollout/*): one more no-grad forward of the base per step, the base kept in memory beside the

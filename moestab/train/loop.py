@@ -30,7 +30,7 @@ from moestab.routing.base_routing import BaseRouting
 from moestab.run_folder import RunFolder, schema
 from moestab.run_folder.run_info import ModelInfo
 from moestab.tasks import Task, task_from_spec
-from moestab.train.checkpoint import restore_training_state, save_checkpoint
+from moestab.train.checkpoint import prune_checkpoints, restore_training_state, save_checkpoint
 from moestab.train.config import TrainConfig
 from moestab.train.distributed import (
     World,
@@ -280,6 +280,8 @@ class _Steps:
         if self.main:
             loop_state = p.history.state() if p.history is not None else {}  # carried across steps, for --resume
             save_checkpoint(self.run.folder, step, p.model, p.tokenizer, optimizer_saved, loop_state, weights=weights)
+            prune_checkpoints(self.run.folder, save_every=self.config.save_every, steps=self.config.steps,
+                              refresh_every=p.bases.refresh_every)
 
     def start(self) -> float:
         """A new run's start: the base policy's eval accuracy, recorded with its warm start, and the step-0

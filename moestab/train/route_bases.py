@@ -43,7 +43,8 @@ class RouteBases:
 
     def saves_at(self, step: int) -> bool:
         """Whether ``step``'s weights are a refresh's (the copy of steps ``step + 1`` to ``step + K``): its
-        checkpoint is saved, so that ``--resume`` restores the copy from it."""
+        checkpoint is saved, so that ``--resume`` restores the copy from it (and deleted once no kept training state
+        needs it: :func:`moestab.train.checkpoint.superseded_checkpoints`)."""
         return self.refresh_every > 0 and step % self.refresh_every == 0
 
     @torch.no_grad()

@@ -68,6 +68,21 @@ def test_a_resumed_run_restores_the_copy_from_its_last_refresh(tmp_path):
     assert _metrics(resumed) == _metrics(straight)
 
 
+def test_a_copy_refreshed_every_step_keeps_no_checkpoint_per_step_and_still_resumes(tmp_path):
+    """K = 1 saves every step's weights for the copy; once a newer one is saved and no kept state needs it, it goes
+    (issue 52's K = 1 runs kept 101 checkpoints, 7.7 GB each). The run keeps its save_every steps' and its last's
+    weights and its two newest states, and a resume still restores the copy."""
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    settings = {"routing_replay": "base", "base_refresh_every": 1, "save_every": 2, "eval_every": 1}
+    train(tiny_config(straight, tmp_path / "cache", steps=7, **settings))
+    train(tiny_config(run, tmp_path / "cache", steps=5, **settings))
+    assert sorted(p.name for p in (run / schema.CHECKPOINTS_DIR).iterdir()) == [
+        "step_000000", "step_000002", "step_000004", "step_000005"]
+    assert sorted(p.name for p in (run / schema.STATE_DIR).iterdir()) == ["step_000004.pt", "step_000005.pt"]
+    train(tiny_config(run, tmp_path / "cache", resume=str(run), steps=7, **settings))  # step 6's copy: step 5's
+    assert _metrics(run) == _metrics(straight)
+
+
 def test_a_resume_whose_refresh_checkpoint_is_gone_is_refused(tmp_path):
     run = tmp_path / "run"
     train(tiny_config(run, tmp_path / "cache", routing_replay="base", base_refresh_every=2, steps=3, save_every=10))
