@@ -94,14 +94,16 @@ print("provenance:", problems if problems else f"clean trees; commits {commits}"
 # ## Every finished arm: mean eval accuracy and collapses
 #
 # Mean eval accuracy over the run's evaluations after step 0 (the primary outcome), mean and sd over seeds; the number
-# of runs that collapsed. A stage's arms appear once all its runs have finished: the report reads nothing of a
-# stage before, so no interim look steers it.
+# of runs that collapsed; `free_eval` and `free_collapses`: the same from the checkpoints of steps 20-100 evaluated with
+# free routes (amendment 1; the free arms' recorded evaluations at those steps). A stage's arms appear once all its
+# runs have finished: the report reads nothing of a stage before, so no interim look steers it.
 
 # %%
 by_arm = outcomes.groupby("arm").agg(stage=("arm", lambda a: stage_of[a.iloc[0]]), runs=("seed", "count"),
                                      mean_eval=("mean_eval_acc", "mean"), mean_eval_sd=("mean_eval_acc", "std"),
                                      start=("start_acc", "mean"), final=("final_acc", "mean"),
-                                     collapses=("collapse", "sum"))
+                                     collapses=("collapse", "sum"), free_eval=("free_eval_acc", "mean"),
+                                     free_collapses=("free_collapse", "sum"))
 by_arm = by_arm.reindex([a for a in drift.ARMS if a in by_arm.index])
 by_arm.round(4)
 
@@ -301,7 +303,8 @@ findings = {"runs": len(manifest), "core_hours": hours, "seeds": len(design.powe
             "single_update.mean": single, "per_step.mean": per_step}
 for arm, row in by_arm.iterrows():
     findings.update({f"{arm}.mean_eval": row["mean_eval"], f"{arm}.mean_eval_sd": row["mean_eval_sd"],
-                     f"{arm}.collapses": int(row["collapses"]), f"{arm}.runs": int(row["runs"])})
+                     f"{arm}.collapses": int(row["collapses"]), f"{arm}.runs": int(row["runs"]),
+                     f"{arm}.free_eval": row["free_eval"], f"{arm}.free_collapses": int(row["free_collapses"])})
 for arm, row in routed.iterrows():
     findings.update({f"{arm}.{column}": row[column] for column in ("free", "base", "base_minus_free", "ci_low",
                                                                    "ci_high")})
