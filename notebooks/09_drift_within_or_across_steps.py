@@ -211,7 +211,7 @@ SHOWN = ["contrast", "outcome", "primary", "n", "mean_diff", "ci_low", "ci_high"
 
 
 def with_equivalence(rows: pd.DataFrame, stage: int) -> pd.DataFrame:
-    accuracy = ~rows["outcome"].isin([drift.OUTCOMES[1], drift.FREE_OUTCOMES[1]])
+    accuracy = ~rows["outcome"].isin([drift.OUTCOMES[1], drift.FREE_OUTCOMES[1]]) & rows["contrast"].str.contains(" - ")
     return rows.assign(as_good_as=[drift.equivalent(r, design, stage) if a else None
                                    for (_, r), a in zip(rows.iterrows(), accuracy, strict=True)])
 
@@ -327,7 +327,7 @@ for row in contrasts.itertuples(index=False) if done else []:
     name = f"stage{row.stage}.{row.contrast.replace(' - ', '_minus_')}.{row.outcome}"
     findings.update({f"{name}.{c}": getattr(row, c) for c in ("mean_diff", "ci_low", "ci_high", "p", "p_holm", "n",
                                                               "sd", "min_detectable")})
-    if row.outcome in (drift.OUTCOMES[0], drift.FREE_OUTCOMES[0]):
+    if row.outcome in (drift.OUTCOMES[0], drift.FREE_OUTCOMES[0]) and " - " in row.contrast:  # arm - reference
         findings[f"{name}.as_good_as"] = drift.equivalent(row._asdict(), design, row.stage)
 if not free.empty:
     for arm, row in gap.iterrows():

@@ -3,10 +3,14 @@ training states (older checkpoints keep their weights) and ``--base-refresh-ever
 kept state resumes from (moestab.train.checkpoint.superseded_checkpoints). For run folders written before moestab
 pruned them (a K = 1 run of issue 52 kept 101 checkpoints and states, 7.7 GB).
 
-    python scripts/prune_runs.py RUN_OR_RUNS_DIR [...] [--dry-run]
+    python scripts/prune_runs.py RUN_OR_RUNS_DIR [...] [--dry-run] [--refresh-checkpoints]
 
-A run another process is writing is skipped (its lock is held); nothing read by an analysis (metrics, per-token
-tables, the kept checkpoints' weights) is touched.
+By default only training states go (all but the two newest checkpoints'), which is right whatever settings the run
+was resumed with. ``--refresh-checkpoints`` also deletes refresh-only checkpoints whole, judging them by run.json's
+save_every and steps: a run resumed with other values (run.json keeps the first) may lose a checkpoint it saved by
+those, so check ``--dry-run`` first. A run another process is writing is skipped (its lock is held), and so is one
+whose subfolders are links (a shared runs folder: deleting through a link would delete its target's files); nothing
+read by an analysis (metrics, per-token tables, the kept checkpoints' weights) is touched.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def run_folders(paths: list[Path]) -> list[Path]:
     return found
 
 
-def _settings(folder: RunFolder) -> dict[str, int]:
+def _settings(folder: RunFolder, refresh_checkpoints: bool) -> dict[str, int]:
     config = folder.info().config
     settings = {"save_every": config.get("save_every"), "steps": config.get("steps"),
                 "refresh_every": config.get("base_refresh_every", 0)}
@@ -39,6 +43,8 @@ def _settings(folder: RunFolder) -> dict[str, int]:
     if bad or settings["save_every"] == 0:
         raise RunError(f"{folder.path / schema.RUN_JSON}: config {bad or settings} is not a run's (integers >= 0, "
                        "save_every >= 1); nothing was deleted")
+    if not refresh_checkpoints:
+        settings["refresh_every"] = 0  # training states only
     return settings
 
 
@@ -52,20 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, help="run folders, or folders holding them")
     parser.add_argument("--dry-run", action="store_true", help="say what would go, delete nothing")
+    parser.add_argument("--refresh-checkpoints", action="store_true",
+                        help="also delete --base-refresh-every's refresh-only checkpoints whole (judged by run.json)")
     args = parser.parse_args(argv)
     freed = 0
     for path in run_folders(args.paths):
         folder = RunFolder(path)
         try:
+            folder.refuse_links()
             with folder.lock(note=print):
-                settings = _settings(folder)
+                settings = _settings(folder, args.refresh_checkpoints)
                 whole, states = superseded_checkpoints(folder.saved_checkpoints(), folder.complete_checkpoints(),
                                                        **settings)
                 size = (sum(_size(folder.checkpoint_dir(s)) + _size(folder.state_file(s)) for s in whole)
                         + sum(_size(folder.state_file(s)) for s in states))
                 if not args.dry_run:
                     prune_checkpoints(folder, **settings)
-        except RunError as exc:  # a run being written (its lock held) or one whose run.json is not a run's
+        except (RunError, OSError) as exc:  # being written (its lock held), a planted link, not a run, not writable
             print(f"skipped {path}: {exc}")
             continue
         freed += size

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -45,15 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     c = info.config
     recipe = StepRecipe(task=task_from_spec(c["task"]), algo=c["algo"], prompts=c["prompts_per_step"],
                         group_size=c["group_size"], seed=c["seed"], rollout_dtype=c["rollout_dtype"])
+    folder = RunFolder(args.run)
+    for step in args.checkpoints:  # before any work: each needs its weights, and its optimizer state but at step 0
+        weights, state = step in folder.saved_checkpoints(), step in folder.complete_checkpoints()
+        if not weights or (step and not state):
+            print(f"checkpoint {step} of {args.run} has {'no training state' if weights else 'no weights'}: a run "
+                  "keeps the training states of its two newest checkpoints (moestab.train.checkpoint.KEEP_STATES); "
+                  f"valid: 0 and {folder.complete_checkpoints()}", file=sys.stderr)
+            return 2
     tables = []
     for step in args.checkpoints:
-        path = RunFolder(args.run).checkpoint_dir(step)
+        path = folder.checkpoint_dir(step)
         model = load_policy(str(path), torch.float32, torch.device("cpu"))
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         prepare_tokenizer(tokenizer, recipe, str(path))
         before = copy.deepcopy(model)
         optimizer = build_optimizer(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
-        restore_training_state(RunFolder(args.run), step, model, optimizer)
+        if step in folder.complete_checkpoints():  # step 0 without its state: AdamW before its first step, as saved
+            restore_training_state(folder, step, model, optimizer)
         metrics, tensors = one_step_with_tensors(model, tokenizer, recipe, lr=c["lr"], minibatches=c["minibatches"],
                                                  optimizer=optimizer)
         batch = tensors.batch

@@ -318,6 +318,8 @@ def equivalent(row: pd.Series | dict, design: DriftDesign, stage: int) -> bool:
 def lr_match_check(curves: pd.DataFrame, window: int = MATCH_WINDOW) -> dict[str, float]:
     """Amendment 1's check that the lr match held in this draw: per seed, the mean old->new routing change over the
     first ``window`` steps of the lr-matched GRPO arm against GSPO's (``step_curves.csv``), paired."""
+    if not {"step", "arm", "old_new"} <= set(curves.columns):  # no finished run yet: a header-only table
+        return {"n": 0.0}
     early = curves[(curves["step"] <= window) & curves["arm"].isin(["moe_grpo_lrmatch", "moe_gspo_off"])]
     wide = early.groupby(["seed", "arm"])["old_new"].mean().unstack().dropna()
     if len(wide) < 2:

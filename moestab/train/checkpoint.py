@@ -77,7 +77,8 @@ def restore_training_state(folder: RunFolder, step: int, model: torch.nn.Module,
 
 
 def superseded_checkpoints(saved: Sequence[int], complete: Sequence[int], *, save_every: int, steps: int,
-                           refresh_every: int = 0, keep_states: int = KEEP_STATES) -> tuple[list[int], list[int]]:
+                           refresh_every: int = 0, since: int = 0,
+                           keep_states: int = KEEP_STATES) -> tuple[list[int], list[int]]:
     """What a run no longer needs once its newest checkpoint is written: ``(whole, states)``, the steps whose
     checkpoint goes whole and those whose training state alone goes.
 
@@ -85,23 +86,26 @@ def superseded_checkpoints(saved: Sequence[int], complete: Sequence[int], *, sav
     newest ``keep_states`` complete ones lose their state. A checkpoint written only because ``--base-refresh-every``
     refreshed the route copy (a multiple of ``refresh_every`` that is neither a ``save_every`` step nor the last,
     ``steps``) goes whole once no kept state resumes its copy from it: with K = 1 a run would otherwise keep a
-    checkpoint for every step."""
+    checkpoint for every step. Only steps after ``since`` are so classified: ``save_every`` and ``steps`` may change
+    on ``--resume``, and a checkpoint saved before by the other settings is kept whole rather than judged by these."""
     kept = sorted(complete)[len(complete) - keep_states:] if keep_states > 0 else []
     needed = {refresh_source(step, refresh_every) for step in kept} if refresh_every else set()
 
     def refresh_only(step: int) -> bool:
-        return bool(refresh_every) and step % refresh_every == 0 and step % save_every != 0 and step != steps
+        return (bool(refresh_every) and step > since and step % refresh_every == 0 and step % save_every != 0
+                and step != steps)
 
     whole = [step for step in sorted(saved) if refresh_only(step) and step not in needed and step not in kept]
     states = [step for step in sorted(complete) if step not in kept and step not in whole]
     return whole, states
 
 
-def prune_checkpoints(folder: RunFolder, *, save_every: int, steps: int, refresh_every: int = 0) -> tuple[list[int],
-                                                                                                           list[int]]:
+def prune_checkpoints(folder: RunFolder, *, save_every: int, steps: int, refresh_every: int = 0,
+                      since: int = 0) -> tuple[list[int], list[int]]:
     """Delete what :func:`superseded_checkpoints` names in ``folder``; returns it, ``(whole, states)``."""
     whole, states = superseded_checkpoints(folder.saved_checkpoints(), folder.complete_checkpoints(),
-                                           save_every=save_every, steps=steps, refresh_every=refresh_every)
+                                           save_every=save_every, steps=steps, refresh_every=refresh_every,
+                                           since=since)
     for step in whole:
         folder.drop_checkpoint(step)
     for step in states:

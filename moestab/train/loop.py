@@ -274,6 +274,7 @@ class _Steps:
         self.collapse = CollapseMonitor(config.on_collapse_warning)
         self.collapse_stop: str | None = None  # the warning that stops the run after its step (rank 0's)
         self.saved_step = -1
+        self.start_step = 0  # the step this process started after: it classifies only the checkpoints it saves
 
     def routing(self) -> AbstractContextManager:
         """How the policy routes outside the trainer's own forwards (generation, evaluation): as the frozen base
@@ -301,7 +302,7 @@ class _Steps:
             loop_state = p.history.state() if p.history is not None else {}  # carried across steps, for --resume
             save_checkpoint(self.run.folder, step, p.model, p.tokenizer, optimizer_saved, loop_state, weights=weights)
             prune_checkpoints(self.run.folder, save_every=self.config.save_every, steps=self.config.steps,
-                              refresh_every=p.bases.refresh_every)
+                              refresh_every=p.bases.refresh_every, since=self.start_step)
         self.saved_step = step
 
     def start(self) -> float:
@@ -324,6 +325,7 @@ class _Steps:
         """Steps ``start_step + 1`` to ``config.steps``; a Ctrl-C / SIGTERM stops them after the step in flight (saved),
         every advantage 0 for ``max_zero_advantage_steps`` steps with :class:`NothingToLearnError`."""
         config, p = self.config, self.policy
+        self.start_step = start_step
         engine = rollout_engine(p.model, p.tokenizer, dtype=DTYPES[config.rollout_dtype or config.dtype],
                                 gates=config.routing_replay in schema.GATE_REPLAY_MODES)
         try:

@@ -12,7 +12,7 @@ import torch
 
 from moestab.configs import ConfigError
 from moestab.metrics import keys
-from moestab.run_folder import schema
+from moestab.run_folder import RunFolder, schema
 from moestab.run_folder.reader import load_metrics
 from moestab.train import route_bases as rb
 from moestab.train import train
@@ -81,6 +81,18 @@ def test_a_copy_refreshed_every_step_keeps_no_checkpoint_per_step_and_still_resu
     assert sorted(p.name for p in (run / schema.STATE_DIR).iterdir()) == ["step_000004.pt", "step_000005.pt"]
     train(tiny_config(run, tmp_path / "cache", resume=str(run), steps=7, **settings))  # step 6's copy: step 5's
     assert _metrics(run) == _metrics(straight)
+
+
+def test_a_resume_with_other_save_settings_deletes_no_checkpoint_saved_before(tmp_path):
+    """save_every and steps may change on --resume: checkpoint 4, the last of the first run, is a refresh-only step
+    by the resumed settings (K = 2, save_every 3, steps 8) but was saved as the end; it keeps its weights."""
+    run = tmp_path / "run"
+    settings = {"routing_replay": "base", "base_refresh_every": 2, "eval_every": 10}
+    train(tiny_config(run, tmp_path / "cache", steps=4, save_every=10, **settings))
+    train(tiny_config(run, tmp_path / "cache", resume=str(run), steps=8, save_every=3, **settings))
+    saved = RunFolder(run).saved_checkpoints()
+    assert 4 in saved and 6 in saved and 8 in saved  # 6: a save_every step of the resumed run
+    assert 2 in saved  # saved before the resume: kept whole, never judged by the new settings
 
 
 def test_a_resume_whose_refresh_checkpoint_is_gone_is_refused(tmp_path):

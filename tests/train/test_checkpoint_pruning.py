@@ -96,10 +96,16 @@ def test_the_prune_script_leaves_an_older_run_as_pruning_training_would(tmp_path
     with RunFolder(older).lock(note=print):  # being written: skipped
         assert prune.main([str(older)]) == 0
     assert "skipped" in capsys.readouterr().out and len(list((older / schema.STATE_DIR).iterdir())) == 4
-    assert prune.main([str(tmp_path / "runs")]) == 0
+    linked = tmp_path / "runs" / "linked"  # its state/ a link to another run's: deleting through it is refused
+    shutil.copytree(older, linked, ignore=shutil.ignore_patterns(schema.STATE_DIR))
+    (linked / schema.STATE_DIR).symlink_to(hostile / schema.STATE_DIR)
+    assert prune.main([str(older)]) == 0  # states only by default: the refresh-only checkpoints stay
+    assert len(list((older / schema.STATE_DIR).iterdir())) == 2
+    assert len(list((older / schema.CHECKPOINTS_DIR).iterdir())) == 4
+    assert prune.main([str(tmp_path / "runs"), "--refresh-checkpoints"]) == 0
     out = capsys.readouterr().out
-    assert "hostile" in out and "'save_every': '2'" in out
-    assert len(list((hostile / schema.STATE_DIR).iterdir())) == 4  # nothing deleted there
+    assert "hostile" in out and "'save_every': '2'" in out and "skipped" in out and "linked" in out
+    assert len(list((hostile / schema.STATE_DIR).iterdir())) == 4  # nothing deleted there, nor through the link
     for sub in (schema.CHECKPOINTS_DIR, schema.STATE_DIR):
         assert sorted(p.name for p in (older / sub).iterdir()) == sorted(p.name for p in (pruned / sub).iterdir())
     differences, compared = _script("same_run").compare(older, pruned)
@@ -108,3 +114,15 @@ def test_the_prune_script_leaves_an_older_run_as_pruning_training_would(tmp_path
     (older / schema.state_file(0)).write_bytes((older / schema.state_file(3)).read_bytes())  # 0 kept weights only
     differences, _ = _script("same_run").compare(older, pruned)
     assert differences == [f"checkpoint 0: a training state in {older} only"]
+
+
+def test_a_probe_of_a_checkpoint_without_its_state_is_refused_naming_the_valid_ones(tmp_path, capsys):
+    """scripts/volatility_sources.py restores a checkpoint's optimizer state: one kept as weights only is refused
+    before any work (step 0 needs none: AdamW before its first step)."""
+    run = tmp_path / "run"
+    train(tiny_config(run, tmp_path / "cache", steps=3, save_every=1, eval_every=10))
+    assert _script("volatility_sources").main([str(run), "--checkpoints", "0", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint 1 of" in err and "no training state" in err and "valid: 0 and [2, 3]" in err
+    assert _script("volatility_sources").main([str(run), "--checkpoints", "7"]) == 2
+    assert "has no weights" in capsys.readouterr().err

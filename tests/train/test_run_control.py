@@ -62,7 +62,8 @@ def test_a_damaged_last_checkpoint_is_passed_over_and_the_resumed_run_reproduces
                n.endswith("; resuming from checkpoint 2") for n in notes), notes
     assert "resume: deleted the damaged checkpoint 3 (this run writes that step again)" in notes
     assert metric_lines(copied) == metric_lines(straight)
-    assert RunFolder(copied).complete_checkpoints() == [0, 1, 2, 4]  # save_every 2 from step 2: 3 not saved again
+    assert RunFolder(copied).saved_checkpoints() == [0, 1, 2, 4]  # save_every 2 from step 2: 3 not saved again
+    assert RunFolder(copied).complete_checkpoints() == [2, 4]  # the two newest keep their training states
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir, monkeypatch):
