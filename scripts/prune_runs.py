@@ -19,20 +19,15 @@ import argparse
 import shutil
 from pathlib import Path
 
+from moestab.analysis.dashboard_data import find_runs
 from moestab.run_folder import RunFolder, schema
 from moestab.run_folder.errors import RunError
 from moestab.train.checkpoint import prune_checkpoints, superseded_checkpoints
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
-    """Each path that holds a run, and every run folder below each that does not."""
-    found = []
-    for path in paths:
-        if (path / schema.RUN_JSON).is_file():
-            found.append(path)
-        else:
-            found += sorted(p.parent for p in path.rglob(schema.RUN_JSON))
-    return found
+    """Each path that holds a run, and the run folders under each that does not (the dashboard's search)."""
+    return [run for path in paths for run in find_runs(path, max_depth=6)]
 
 
 def _settings(folder: RunFolder, refresh_checkpoints: bool) -> dict[str, int]:
